@@ -1,0 +1,44 @@
+"""aiodlock: asyncio-native distributed locks.
+
+>>> import aiodlock
+>>> client = aiodlock.connect("redis://127.0.0.1:6379/0")   # doctest: +SKIP
+>>> async with client, client.lock("orders:42") as lease:    # doctest: +SKIP
+...     print(lease.token)
+"""
+
+from ._client import Client, OnLost, connect, default_url
+from ._errors import (
+    BackendError,
+    BackendTimeout,
+    ConfigurationError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    Unsupported,
+)
+from ._lease import Lease, LockStatus
+from ._lock import Lock
+from ._observers import Observer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BackendTimeout",
+    "Client",
+    "ConfigurationError",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockNotOwned",
+    "LockStatus",
+    "LockTimeout",
+    "Observer",
+    "OnLost",
+    "Unsupported",
+    "__version__",
+    "connect",
+    "default_url",
+]

@@ -1,0 +1,627 @@
+"""``connect()`` and :class:`Client`: backend lifecycle, owner identity, the table of holds.
+
+Everything the library keeps hangs off a Client: the backend, the holds of its tasks, the
+single watchdog task and the observers.  The locking policy (reentrancy, deadlines,
+lost-lease handling, cancellation) lives here and in ``_lock.py``; backends only speak
+their protocol (``backends/_base.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import os
+import re
+import socket
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from ._errors import (
+    BackendError,
+    BackendTimeout,
+    ConfigurationError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    Unsupported,
+)
+from ._lease import Lease, LockStatus
+from ._observers import Observer, notify
+from ._registry import load_backend
+from ._url import parse_url, take_float, take_str
+from ._watchdog import Watchdog
+from .backends._base import Backend, Capability, CommonConfig, Grant, Request, monotonic
+
+if TYPE_CHECKING:
+    from ._decorators import LockedDecorator
+    from ._lock import Lock
+
+__all__ = ["Client", "OnLost", "connect", "default_url"]
+
+log = logging.getLogger("aiodlock")
+
+#: What to do when a lease is lost: cancel the body, only set the flag, or call this.
+OnLost = Literal["cancel", "ignore"] | Callable[[Lease], object]
+
+MAX_NAME_LENGTH = 512
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def default_url() -> str:
+    """``AIODLOCK_URL`` if set, else the embedded SQLite file in the user cache dir."""
+    url = os.environ.get("AIODLOCK_URL")
+    if url:
+        return url
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return "sqlite:///" + os.path.join(os.path.abspath(cache), "aiodlock", "locks.db")
+
+
+def connect(url: str | None = None, **options: Any) -> Client:
+    """Make a :class:`Client` for ``url`` (no I/O yet).
+
+    ``url=None`` reads ``AIODLOCK_URL``, else uses the embedded default (a SQLite file in the
+    user cache dir shared by every process of this host).  Options are keyword arguments or
+    URL query parameters; keyword arguments win.  A bad URL or option raises
+    :class:`ConfigurationError` naming it.
+    """
+    if url is None:
+        url = default_url()
+    parsed = parse_url(url)
+    backend_cls = load_backend(parsed.scheme)
+    merged: dict[str, Any] = dict(parsed.query)
+    merged.update(options)
+    config = _common_config(merged)
+    backend = backend_cls.from_url(parsed, config, merged)
+    if merged:
+        names = ", ".join(sorted(repr(k) for k in merged))
+        raise ConfigurationError(
+            f"unknown option(s) {names} for the {backend_cls.backend_name} backend"
+        )
+    return Client(backend)
+
+
+def _common_config(options: dict[str, Any]) -> CommonConfig:
+    namespace = take_str(options, "namespace", "aiodlock")
+    if namespace is None or not _NAMESPACE_RE.match(namespace):
+        raise ConfigurationError(
+            f"option 'namespace' must be 1-64 characters of letters, digits and _ . : -, "
+            f"got {namespace!r}"
+        )
+    watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, allow_zero=False)
+    connect_timeout = take_float(options, "connect_timeout", 5.0, allow_zero=False)
+    op_timeout = take_float(options, "op_timeout", 5.0, allow_zero=False)
+    assert watchdog_ttl is not None
+    assert connect_timeout is not None
+    assert op_timeout is not None
+    if watchdog_ttl < 0.03:
+        raise ConfigurationError(
+            f"option 'watchdog_ttl' must be at least 0.03 s, got {watchdog_ttl}"
+        )
+    return CommonConfig(namespace, watchdog_ttl, connect_timeout, op_timeout)
+
+
+def _make_client_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def check_name(name: object) -> str:
+    """Validate a lock name (any non-empty str of at most 512 characters)."""
+    if not isinstance(name, str):
+        raise ConfigurationError(f"a lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ConfigurationError("a lock name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"a lock name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}"
+        )
+    return name
+
+
+def check_seconds(what: str, value: object, *, allow_none: bool, positive: bool) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ConfigurationError(f"{what} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or number < 0 or (positive and number == 0):
+        bound = "greater than 0" if positive else "0 or more"
+        raise ConfigurationError(f"{what} must be {bound}, got {value!r}")
+    if math.isinf(number):
+        if allow_none and not positive:
+            return None  # timeout=inf means wait forever
+        raise ConfigurationError(f"{what} must be finite, got {value!r}")
+    return number
+
+
+def check_on_lost(on_lost: object) -> OnLost:
+    if on_lost in ("cancel", "ignore") or callable(on_lost):
+        return on_lost
+    raise ConfigurationError(f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}")
+
+
+class _Hold:
+    """One owner's holding of one name in this client (shared by reentrant acquires)."""
+
+    __slots__ = (
+        "__weakref__",
+        "acquired_at",
+        "client",
+        "count",
+        "done_callback",
+        "expires_at",
+        "fixed_ttl",
+        "generation",
+        "grant",
+        "last_error",
+        "lease",
+        "lost_event",
+        "lost_reason",
+        "name",
+        "on_lost",
+        "owner",
+        "released",
+        "renew_at",
+        "renewing",
+        "scopes",
+        "server_released",
+        "task",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        grant: Grant,
+        ttl: float,
+        fixed_ttl: bool,
+        on_lost: OnLost,
+        task: asyncio.Task[Any],
+    ) -> None:
+        self.client = client
+        self.name = grant.name
+        self.owner = grant.owner
+        self.grant = grant
+        self.ttl = ttl
+        self.fixed_ttl = fixed_ttl
+        self.on_lost = on_lost
+        self.task = task
+        self.count = 1
+        self.expires_at = grant.expires_at
+        self.acquired_at = monotonic()
+        self.renew_at: float | None = None
+        self.renewing = False
+        self.generation = 0
+        self.released = False
+        self.server_released = False
+        self.lost_event = anyio.Event()
+        self.lost_reason: str | None = None
+        self.last_error: str | None = None
+        self.scopes: list[anyio.CancelScope] = []
+        self.done_callback: Callable[[asyncio.Task[Any]], None] | None = None
+        self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
+
+    @property
+    def active(self) -> bool:
+        return not self.released and not self.lost_event.is_set()
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_event.is_set()
+
+
+class Client:
+    """A connection to one lock service.  Make it with :func:`aiodlock.connect`.
+
+    Use it as ``async with client: ...`` or call :meth:`open` / :meth:`close`; a client that
+    is used before it is opened opens itself.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._config = backend.config
+        #: A unique string per client instance; owners are ``f"{id}:{n}"``.
+        self.id: str = _make_client_id()
+        self._holds: dict[tuple[str, str], _Hold] = {}
+        self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._owner_seq = 0
+        self._state: Literal["new", "open", "closed"] = "new"
+        self._open_lock: asyncio.Lock | None = None
+        self._watchdog = Watchdog(self)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._observers: list[Observer] = []
+
+    # -- introspection -----------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The backend object (for advanced use and tests)."""
+        return self._backend
+
+    @property
+    def config(self) -> CommonConfig:
+        return self._config
+
+    @property
+    def is_open(self) -> bool:
+        return self._state == "open"
+
+    def __repr__(self) -> str:
+        return f"<aiodlock.Client id={self.id!r} {self._backend.describe()} {self._state}>"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (idempotent).  Raises :class:`BackendError` if the server is unreachable."""
+        if self._state == "open":
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self.is_open:  # opened by another task meanwhile
+                return
+            try:
+                with anyio.fail_after(self._config.connect_timeout):
+                    await self._backend.open(self._on_backend_lost)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                    try:
+                        await self._backend.aclose()
+                    except Exception:
+                        log.debug("aiodlock: aclose after a failed open failed", exc_info=True)
+                if isinstance(exc, TimeoutError) and not isinstance(exc, LockError):
+                    raise BackendTimeout(
+                        f"{self._backend.backend_name}: could not connect to "
+                        f"{self._backend.describe()} within {self._config.connect_timeout} s"
+                    ) from exc
+                raise
+            self._state = "open"
+            self._watchdog.start()
+
+    async def close(self) -> None:
+        """Release every lock this client still holds, stop the watchdog, disconnect.
+
+        A body still running under one of this client's locks sees the lease as lost.
+        """
+        if self._state != "open":
+            return
+        self._state = "closed"
+        with anyio.CancelScope(shield=True):
+            holds = [h for h in self._holds.values() if not h.server_released]
+            for hold in holds:
+                self._mark_lost(hold, "the client was closed while the lock was held")
+            for hold in holds:
+                await self._server_release(hold)
+            await self._watchdog.stop()
+            for task in list(self._tasks):
+                task.cancel()
+            for task in list(self._tasks):
+                with contextlib.suppress(BaseException):
+                    await task
+            try:
+                with anyio.move_on_after(self._config.op_timeout):
+                    await self._backend.aclose()
+            except Exception:
+                log.warning("aiodlock: closing the backend failed", exc_info=True)
+
+    async def __aenter__(self) -> Client:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _ensure_open(self) -> None:
+        if self._state != "open":
+            await self.open()
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> None:
+        """Run ``coro`` as a background task owned by this client (cancelled on close)."""
+
+        async def runner() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("aiodlock: background task %s failed", name)
+
+        task = asyncio.get_running_loop().create_task(runner(), name=f"aiodlock:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- observers -----------------------------------------------------------------------
+
+    def add_observer(self, observer: Observer) -> None:
+        """Send lock events (acquired, released, lost, timeout) to ``observer``."""
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        self._observers.remove(observer)
+
+    # -- locks ---------------------------------------------------------------------------
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        fair: bool = False,
+        on_lost: OnLost = "cancel",
+    ) -> Lock:
+        """A handle on the lock ``name`` (no I/O).  See :class:`aiodlock.Lock`."""
+        from ._lock import Lock
+
+        return Lock(self, name, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+
+    def locked(
+        self,
+        key: str | Callable[..., str],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        fair: bool = False,
+        on_lost: OnLost = "cancel",
+    ) -> LockedDecorator:
+        """Decorate an ``async def`` so every call runs under the lock named by ``key``.
+
+        ``key`` is a :meth:`str.format` template filled from the call's arguments by
+        parameter name (``"report:{user_id}"``, ``"{order.id}"``) or a callable that takes
+        the same arguments and returns the name.
+        """
+        from ._decorators import LockedDecorator
+
+        return LockedDecorator(self, key, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+
+    async def status(self, name: str) -> LockStatus | None:
+        """Who holds ``name`` right now (in any process), or ``None``."""
+        check_name(name)
+        await self._ensure_open()
+        return await self._backend.status(name)
+
+    async def force_release(self, name: str) -> bool:
+        """Break the lock ``name`` whoever holds it (an admin operation).
+
+        The holder notices at the latest at its next renewal.  Returns True if a lock was
+        released.
+        """
+        check_name(name)
+        await self._ensure_open()
+        released = await self._backend.force_release(name)
+        for hold in list(self._holds.values()):
+            if hold.name == name and hold.active:
+                self._mark_lost(hold, "the lock was force-released")
+        return released
+
+    def check_fair(self, fair: bool) -> None:
+        caps = self._backend.capabilities
+        if fair and not caps & (Capability.FAIR | Capability.ALWAYS_FAIR):
+            raise Unsupported(
+                f"the {self._backend.backend_name} backend cannot grant locks in request "
+                f"order (fair=True)"
+            )
+
+    # -- the policy: owner identity, reentrancy, acquire, release ---------------------------
+
+    def current_owner(self) -> str:
+        """The owner string of the calling asyncio task in this client."""
+        task = asyncio.current_task()
+        if task is None:
+            raise LockError("aiodlock locks must be used from inside an asyncio task")
+        owner = self._owners.get(task)
+        if owner is None:
+            self._owner_seq += 1
+            owner = f"{self.id}:{self._owner_seq}"
+            self._owners[task] = owner
+        return owner
+
+    def current_hold(self, name: str) -> _Hold | None:
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        owner = self._owners.get(task)
+        if owner is None:
+            return None
+        hold = self._holds.get((name, owner))
+        return hold if hold is not None and not hold.released else None
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None,
+        timeout: float | None,
+        fair: bool,
+        on_lost: OnLost,
+    ) -> Lease:
+        owner = self.current_owner()
+        hold = self._holds.get((name, owner))
+        if hold is not None and not hold.released:
+            if hold.lost:
+                raise LockLost(
+                    f"lock {name!r} was lost ({hold.lost_reason}); release it before "
+                    f"acquiring it again"
+                )
+            hold.count += 1  # reentrant: no round trip
+            return hold.lease
+        await self._ensure_open()
+        backend = self._backend
+        lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
+        request = Request(name, owner, lease_ttl, fair)
+        started = monotonic()
+        deadline = None if timeout is None else started + timeout
+        try:
+            grant = await backend.acquire(request, deadline)
+        except BaseException:
+            # The server may or may not have granted (a lost reply, a cancellation while
+            # the reply was on its way): remove every trace of this owner's attempt.
+            await self._abandon(request)
+            raise
+        if grant is None:
+            waited = monotonic() - started
+            notify(self._observers, "on_timeout", name, owner, waited)
+            raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
+        task = asyncio.current_task()
+        assert task is not None
+        # NOTE: no await between the grant and registering the hold: a cancellation cannot
+        # fall in between and leave a grant nobody tracks.
+        hold = _Hold(self, grant, lease_ttl, ttl is not None, on_lost, task)
+        self._holds[(name, owner)] = hold
+        self._watchdog.track(hold)
+        hold.done_callback = self._task_done_factory(hold)
+        task.add_done_callback(hold.done_callback)
+        notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
+        return hold.lease
+
+    async def _abandon(self, request: Request) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout * 2):
+            try:
+                await self._backend.abandon(request)
+            except Exception:
+                log.warning(
+                    "aiodlock: could not clean up an interrupted acquire of %r; the server "
+                    "lets it expire with its lease",
+                    request.name,
+                    exc_info=True,
+                )
+
+    def _task_done_factory(self, hold: _Hold) -> Callable[[asyncio.Task[Any]], None]:
+        ref = weakref.ref(hold)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            h = ref()
+            if h is None or h.released or self._state != "open":
+                return
+            log.warning(
+                "aiodlock: task %r ended while holding lock %r; releasing it",
+                task.get_name(),
+                h.name,
+            )
+            self._forget(h)
+            self.spawn(self._server_release(h), f"release-orphan:{h.name}")
+
+        return done
+
+    def _forget(self, hold: _Hold) -> None:
+        hold.released = True
+        hold.count = 0
+        if hold.done_callback is not None:
+            hold.task.remove_done_callback(hold.done_callback)
+            hold.done_callback = None
+        if self._holds.get((hold.name, hold.owner)) is hold:
+            del self._holds[(hold.name, hold.owner)]
+        self._watchdog.untrack(hold)
+
+    async def release(self, name: str) -> None:
+        hold = self.current_hold(name)
+        if hold is None:
+            raise LockNotOwned(f"lock {name!r} is not held by this task")
+        hold.count -= 1
+        if hold.count > 0:
+            return
+        self._forget(hold)
+        notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
+        await self._server_release(hold, raise_errors=True)
+        if hold.lost and hold.on_lost == "cancel":
+            raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
+
+    async def _server_release(self, hold: _Hold, *, raise_errors: bool = False) -> None:
+        """Release ``hold`` on the server once (shielded from cancellation, bounded)."""
+        if hold.server_released:
+            return
+        hold.server_released = True
+        hold.generation += 1
+        self._watchdog.untrack(hold)
+        error: BaseException | None = None
+        released = True
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(self._config.op_timeout * 2):
+                    released = await self._backend.release(hold.grant)
+            except BackendError as exc:
+                error = exc
+            except TimeoutError as exc:
+                error = BackendTimeout(
+                    f"{self._backend.backend_name}: release of {hold.name!r} timed out"
+                )
+                error.__cause__ = exc
+        if error is not None:
+            log.warning(
+                "aiodlock: releasing %r failed (%s); it stays locked until its lease ends",
+                hold.name,
+                error,
+            )
+            if raise_errors and not hold.lost:
+                raise error
+            return
+        if not released and not hold.lost:
+            self._mark_lost(hold, "the lease had already expired or been taken over at release")
+
+    async def extend(self, name: str, ttl: float | None) -> None:
+        hold = self.current_hold(name)
+        if hold is None:
+            raise LockNotOwned(f"lock {name!r} is not held by this task")
+        if hold.lost:
+            raise LockLost(f"lock {name!r} was lost: {hold.lost_reason}")
+        if ttl is not None:
+            hold.ttl = ttl
+            if hold.fixed_ttl:
+                hold.lease.ttl = ttl
+        length = ttl if ttl is not None else hold.ttl
+        results = await self._backend.renew([hold.grant], length)
+        if hold.released:
+            return
+        if results[0] is None:
+            self._mark_lost(hold, "the lease was gone when it was extended")
+            raise LockLost(f"lock {name!r} was lost: {hold.lost_reason}")
+        self._watchdog.renewed(hold, results[0])
+
+    # -- lost leases -------------------------------------------------------------------------
+
+    def _on_backend_lost(self, grants: Any, reason: str) -> None:
+        for grant in grants:
+            hold = self._holds.get((grant.name, grant.owner))
+            if hold is not None and hold.grant is grant and hold.active:
+                self._mark_lost(hold, reason)
+
+    def _mark_lost(self, hold: _Hold, reason: str) -> None:
+        """Apply the lock's ``on_lost`` policy once."""
+        if hold.lost or hold.server_released:
+            return
+        hold.lost_reason = reason
+        hold.lost_event.set()
+        hold.generation += 1
+        self._watchdog.untrack(hold)
+        log.warning("aiodlock: lock %r lost: %s", hold.name, reason)
+        notify(self._observers, "on_lost", hold.lease, reason)
+        policy = hold.on_lost
+        if policy == "cancel":
+            for scope in hold.scopes:
+                scope.cancel()
+        elif callable(policy):
+            try:
+                result = policy(hold.lease)
+                if inspect.isawaitable(result):
+                    self.spawn(result, f"on_lost:{hold.name}")
+            except Exception:
+                log.exception("aiodlock: the on_lost callback of %r failed", hold.name)
+        if self._backend.capabilities & Capability.SESSION_LEASE and self._state == "open":
+            # A session-bound lock does not end by itself while the session lives.
+            self.spawn(self._drop_lost(hold), f"drop-lost:{hold.name}")
+
+    async def _drop_lost(self, hold: _Hold) -> None:
+        if not hold.server_released:
+            hold.server_released = True
+            with anyio.move_on_after(self._config.op_timeout * 2):
+                await self._backend.release(hold.grant)

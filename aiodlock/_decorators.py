@@ -1,0 +1,104 @@
+"""``@client.locked("report:{user_id}")``: run every call of a coroutine function under a lock."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import string
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from ._client import OnLost, check_name
+from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["LockedDecorator"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class LockedDecorator:
+    def __init__(
+        self,
+        client: Client,
+        key: str | Callable[..., str],
+        *,
+        ttl: float | None,
+        timeout: float | None,
+        fair: bool,
+        on_lost: OnLost,
+    ) -> None:
+        if not isinstance(key, str) and not callable(key):
+            raise ConfigurationError(
+                f"the lock key must be a str template or a callable, got {key!r}"
+            )
+        if isinstance(key, str) and not key:
+            raise ConfigurationError("the lock key template must not be empty")
+        self._client = client
+        self._key = key
+        # Validate the options now, not at the first call.
+        client.lock("validation", ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        self._options: dict[str, Any] = {
+            "ttl": ttl,
+            "timeout": timeout,
+            "fair": fair,
+            "on_lost": on_lost,
+        }
+
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        if not inspect.iscoroutinefunction(func):
+            raise ConfigurationError(
+                f"@locked needs an async def function, {getattr(func, '__qualname__', func)!r} "
+                f"is not one"
+            )
+        signature = inspect.signature(func)
+        key = self._key
+        if isinstance(key, str):
+            _check_template(key, signature, func)
+        client = self._client
+        options = self._options
+
+        @functools.wraps(func)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if isinstance(key, str):
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                try:
+                    name = key.format_map(bound.arguments)
+                except (KeyError, AttributeError, IndexError, ValueError) as exc:
+                    raise ConfigurationError(
+                        f"cannot format the lock key {key!r} from the arguments of "
+                        f"{func.__qualname__}: {exc!r}"
+                    ) from exc
+            else:
+                name = key(*args, **kwargs)
+            check_name(name)
+            async with client.lock(name, **options):
+                return await func(*args, **kwargs)
+
+        return wrapper
+
+
+def _check_template(template: str, signature: inspect.Signature, func: Callable[..., Any]) -> None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigurationError(f"bad lock key template {template!r}: {exc}") from exc
+    params = signature.parameters
+    for field in fields:
+        head = field
+        for sep in (".", "["):
+            head = head.split(sep, 1)[0]
+        if not head or head.isdigit():
+            raise ConfigurationError(
+                f"lock key template {template!r}: use parameter names, not positions "
+                f"(e.g. '{{user_id}}')"
+            )
+        if head not in params:
+            raise ConfigurationError(
+                f"lock key template {template!r} names {head!r}, which is not a parameter of "
+                f"{func.__qualname__}{signature}"
+            )

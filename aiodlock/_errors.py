@@ -1,0 +1,105 @@
+"""The exceptions aiodlock raises.
+
+::
+
+    LockError                          base of everything the library raises
+     ├── ConfigurationError (ValueError)  bad URL, option or lock name; an unknown scheme;
+     │                                    a missing extra
+     ├── Unsupported                      a feature the backend cannot provide
+     ├── LockTimeout (TimeoutError)       not acquired in time
+     ├── LockNotOwned                     release/extend by a task that does not hold it
+     ├── LockLost                         the lease was lost while held
+     └── BackendError                     the server failed or is unreachable; the driver's
+          └── BackendTimeout (TimeoutError)  exception is kept as ``__cause__``
+
+Backends translate their driver's exceptions in one place (a ``translate`` context manager
+built with :func:`translating`), so a caller only ever sees this tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = [
+    "BackendError",
+    "BackendTimeout",
+    "ConfigurationError",
+    "LockError",
+    "LockLost",
+    "LockNotOwned",
+    "LockTimeout",
+    "Unsupported",
+    "describe",
+    "translating",
+]
+
+
+class LockError(Exception):
+    """Base class of every exception raised by aiodlock."""
+
+
+class ConfigurationError(LockError, ValueError):
+    """A bad URL, option or lock name, an unknown scheme or a missing extra."""
+
+
+class Unsupported(LockError):
+    """The backend cannot provide the requested feature."""
+
+
+class LockTimeout(LockError, TimeoutError):
+    """The lock was not acquired within the timeout."""
+
+
+class LockNotOwned(LockError):
+    """``release()`` or ``extend()`` by a task that does not hold the lock."""
+
+
+class LockLost(LockError):
+    """The lease was lost while the lock was held."""
+
+
+class BackendError(LockError):
+    """The lock server failed or could not be reached."""
+
+
+class BackendTimeout(BackendError, TimeoutError):
+    """A call to the lock server did not complete within ``op_timeout``."""
+
+
+@contextlib.contextmanager
+def translating(
+    backend: str,
+    errors: tuple[type[BaseException], ...],
+    timeouts: tuple[type[BaseException], ...] = (),
+    *,
+    what: str = "call",
+    secrets: tuple[str, ...] = (),
+) -> Iterator[None]:
+    """Map a driver's exceptions onto :class:`BackendError` / :class:`BackendTimeout`.
+
+    ``timeouts`` are checked first (they are often subclasses of the driver's base error).
+    The original exception stays reachable as ``__cause__``.  Messages name the backend and
+    the operation but never include a URL (which could carry a password).
+    """
+    try:
+        yield
+    except LockError:
+        raise
+    except TimeoutError as exc:
+        raise BackendTimeout(f"{backend}: {what} timed out") from exc
+    except timeouts as exc:
+        raise BackendTimeout(f"{backend}: {what} timed out") from exc
+    except errors as exc:
+        raise BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}") from exc
+    except OSError as exc:
+        raise BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}") from exc
+
+
+def describe(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:
+    """``Type: message`` of an exception, with every secret in ``secrets`` masked."""
+    text = str(exc)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,86 @@
+"""What a holder gets (:class:`Lease`) and what anyone can see (:class:`LockStatus`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._client import _Hold
+
+__all__ = ["Lease", "LockStatus"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockStatus:
+    """Who holds a lock right now, as the backend sees it.
+
+    ``owner`` equals the holder's :attr:`Lease.owner`; ``expires_in`` is the seconds left on
+    the holder's lease (``None`` when the lease is bound to a session with no fixed end);
+    ``waiters`` is the number of queued waiters where the backend knows it, else ``None``.
+    """
+
+    name: str
+    owner: str
+    token: int
+    expires_in: float | None
+    waiters: int | None = None
+
+
+class Lease:
+    """One holding of a lock by one owner (an asyncio task of a client).
+
+    A nested (reentrant) acquire by the same task returns the same ``Lease``.
+    """
+
+    __slots__ = ("_hold", "name", "owner", "token", "ttl")
+
+    name: str
+    token: int
+    owner: str
+    ttl: float | None
+
+    def __init__(self, hold: _Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
+        self._hold = hold
+        self.name = name
+        self.owner = owner
+        self.token = token
+        #: The fixed lease length, or ``None`` when a watchdog renews the lease.
+        self.ttl = ttl
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease can no longer be guaranteed."""
+        return self._hold.lost_event.is_set()
+
+    @property
+    def released(self) -> bool:
+        """True once the last release of this holding has happened."""
+        return self._hold.released
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, or ``None``."""
+        return self._hold.lost_reason
+
+    @property
+    def expires_in(self) -> float | None:
+        """Seconds of guaranteed validity left (0.0 once lost or released).
+
+        ``None`` when the lease is bound to a server session that has no fixed end.
+        """
+        hold = self._hold
+        if hold.lost_event.is_set() or hold.released:
+            return 0.0
+        if hold.expires_at is None:
+            return None
+        return max(0.0, hold.expires_at - time.monotonic())
+
+    async def wait_lost(self) -> None:
+        """Return once the lease is lost (never returns for a lease that is kept)."""
+        await self._hold.lost_event.wait()
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self.released else "held"
+        return f"<Lease {self.name!r} token={self.token} owner={self.owner!r} {state}>"

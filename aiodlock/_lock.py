@@ -1,0 +1,176 @@
+"""``Lock``: the handle users hold.  A handle is only a name plus options.
+
+One handle may be shared by several tasks: each task is its own owner.  Two handles for the
+same name used by one task are the same owner (reentrant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._client import OnLost, check_name, check_on_lost, check_seconds
+from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
+from ._lease import Lease, LockStatus
+
+if TYPE_CHECKING:
+    from ._client import Client, _Hold
+
+__all__ = ["Lock"]
+
+_UNSET: Any = object()
+
+
+class Lock:
+    """A distributed lock.  Get one from :meth:`aiodlock.Client.lock`.
+
+    ``async with lock as lease:`` waits up to the lock's ``timeout`` (``None``: forever),
+    runs the body while the lease is held and releases at the end.  If the lease is lost
+    while the body runs, the body is cancelled and :class:`~aiodlock.LockLost` is raised
+    (``on_lost="cancel"``, the default).
+    """
+
+    __slots__ = ("_client", "_entries", "fair", "name", "on_lost", "timeout", "ttl")
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        fair: bool = False,
+        on_lost: OnLost = "cancel",
+    ) -> None:
+        self._client = client
+        self._entries: dict[asyncio.Task[Any], list[tuple[_Hold, anyio.CancelScope]]] = {}
+        self.name = check_name(name)
+        self.ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
+        self.timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
+        if not isinstance(fair, bool):
+            raise ConfigurationError(f"fair must be True or False, got {fair!r}")
+        client.check_fair(fair)
+        self.fair = fair
+        self.on_lost = check_on_lost(on_lost)
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def __repr__(self) -> str:
+        opts = []
+        if self.ttl is not None:
+            opts.append(f"ttl={self.ttl:g}")
+        if self.fair:
+            opts.append("fair")
+        return f"<aiodlock.Lock {self.name!r}{' ' if opts else ''}{' '.join(opts)}>"
+
+    async def acquire(self, timeout: float | None = _UNSET) -> Lease:
+        """Wait until acquired and return the lease; :class:`LockTimeout` after ``timeout``.
+
+        ``timeout`` defaults to the lock's; ``None`` waits forever; ``0`` is one attempt.
+        A task that already holds the lock gets the same lease back (no round trip) and
+        must release once more.
+        """
+        if timeout is _UNSET:
+            timeout = self.timeout
+        else:
+            timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
+        return await self._client.acquire(
+            self.name, ttl=self.ttl, timeout=timeout, fair=self.fair, on_lost=self.on_lost
+        )
+
+    async def try_acquire(self) -> Lease | None:
+        """One attempt that never waits for a holder: the lease, or ``None``."""
+        try:
+            return await self.acquire(timeout=0)
+        except LockTimeout:
+            return None
+
+    async def release(self) -> None:
+        """Release one acquire of the current task.
+
+        Raises :class:`~aiodlock.LockNotOwned` if this task does not hold the lock, and
+        :class:`~aiodlock.LockLost` (with ``on_lost="cancel"``) if the lease had been lost.
+        """
+        await self._client.release(self.name)
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Renew the lease now (for ``ttl`` seconds if given, else its own length).
+
+        Raises :class:`~aiodlock.LockLost` if the lease is gone.
+        """
+        ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
+        await self._client.extend(self.name, ttl)
+
+    @property
+    def held(self) -> bool:
+        """Does the current task hold this lock (and the lease is not known to be lost)?"""
+        hold = self._client.current_hold(self.name)
+        return hold is not None and not hold.lost
+
+    @property
+    def lease(self) -> Lease | None:
+        """The current task's lease on this lock, if it holds it."""
+        hold = self._client.current_hold(self.name)
+        return None if hold is None else hold.lease
+
+    async def status(self) -> LockStatus | None:
+        """Who holds this lock now, in any process."""
+        return await self._client.status(self.name)
+
+    async def __aenter__(self) -> Lease:
+        lease = await self.acquire()
+        hold = lease._hold
+        scope = anyio.CancelScope()
+        # NOTE: entered here and exited in __aexit__ in the same task; LIFO with any other
+        # scope because ``async with`` blocks nest.
+        scope.__enter__()
+        hold.scopes.append(scope)
+        task = asyncio.current_task()
+        assert task is not None
+        self._entries.setdefault(task, []).append((hold, scope))
+        if hold.lost and hold.on_lost == "cancel":
+            scope.cancel()
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        entries = self._entries[task]
+        hold, scope = entries.pop()
+        if not entries:
+            del self._entries[task]
+        hold.scopes.remove(scope)
+        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        # An exception still on its way out that is not ours to replace: somebody else's
+        # cancellation, or a LockLost an inner (reentrant) level already raised.
+        foreign_cancel = (
+            exc is not None and not swallowed and isinstance(exc, anyio.get_cancelled_exc_class())
+        )
+        propagating = exc is not None and not swallowed
+        if hold.released:  # released by hand inside the body
+            if swallowed:
+                raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")
+            return
+        try:
+            await self._client.release(self.name)
+        except LockLost as lost:
+            if foreign_cancel or isinstance(exc, LockLost):
+                return
+            raise lost from (exc if propagating else None)
+        except BackendError:
+            if propagating:
+                # The body's own exception matters more; the lease ends by itself.
+                return
+            raise
+        if swallowed:  # pragma: no cover - a swallowed cancellation means the lease was lost
+            raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")

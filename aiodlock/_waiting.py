@@ -1,0 +1,202 @@
+"""The shared try-then-wait loop and the wake-up sources a waiter sleeps on.
+
+The loop (:func:`acquire_loop`) is the policy; a backend supplies one atomic attempt
+(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the
+retry that precedes each sleep, so a release that happens between a failed attempt and the
+sleep is never missed.
+
+:class:`WakeupBoard` is the per-client table of local waiters by name: a backend that hears
+of a release (a pub/sub message, a same-process release) wakes ONE local waiter, not all.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import random
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .backends._base import Busy, Grant, Request, monotonic
+
+if TYPE_CHECKING:
+    from .backends._base import Backend
+
+__all__ = ["Backoff", "BackoffWaiter", "BoardWaiter", "WakeupBoard", "acquire_loop"]
+
+
+async def acquire_loop(backend: Backend, request: Request, deadline: float | None) -> Grant | None:
+    """Try, then sleep on the backend's waiter and retry until granted or ``deadline``."""
+    first = await backend.try_acquire(request, will_wait=deadline is None or deadline > monotonic())
+    if isinstance(first, Grant):
+        return first
+    if deadline is not None and monotonic() >= deadline:
+        if request.fair:
+            await backend.abandon(request)
+        return None
+    granted = False
+    try:
+        async with backend.waiter(request) as waiter:
+            while True:
+                # NOTE: the waiter is live here, so a release after this attempt wakes us.
+                result = await backend.try_acquire(request, will_wait=True)
+                if isinstance(result, Grant):
+                    granted = True
+                    return result
+                remaining = math.inf if deadline is None else deadline - monotonic()
+                if remaining <= 0:
+                    return None
+                await waiter.wait(_sleep_for(result, remaining))
+    finally:
+        if not granted and request.fair:
+            # A fair backend keeps a queue entry between attempts: drop it (shielded, as
+            # this may run because the task was cancelled).
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await backend.abandon(request)
+
+
+def _sleep_for(result: Busy, remaining: float) -> float | None:
+    limit = remaining
+    if result.retry_after is not None:
+        # Wake when the holder's lease would run out, even if no release message comes.
+        limit = min(limit, max(result.retry_after, 0.0) + 0.001)
+    return None if math.isinf(limit) else limit
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter (AWS style), for polling backends."""
+
+    def __init__(self, first: float = 0.005, cap: float = 0.25, factor: float = 2.0) -> None:
+        self.first = first
+        self.cap = cap
+        self.factor = factor
+        self._next = first
+
+    def next(self) -> float:
+        delay = random.uniform(self._next / 2, self._next)
+        self._next = min(self.cap, self._next * self.factor)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
+class BackoffWaiter:
+    """A waiter that only polls (with :class:`Backoff`)."""
+
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self.backoff = backoff or Backoff()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def context(cls, backoff: Backoff | None = None) -> AsyncIterator[BackoffWaiter]:
+        yield cls(backoff)
+
+    async def wait(self, timeout: float | None) -> None:
+        delay = self.backoff.next()
+        await anyio.sleep(delay if timeout is None else min(delay, timeout))
+
+
+class _Slot:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+
+class WakeupBoard:
+    """Local waiters by name, woken one at a time.
+
+    ``wake_one(name)`` sets the event of the oldest waiter that has no pending wake-up; a
+    waiter that leaves with an unconsumed wake-up passes it on, so a wake-up is never lost
+    because its receiver timed out or was cancelled.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, collections.OrderedDict[int, _Slot]] = {}
+        self._seq = 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._slots
+
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def count(self, name: str) -> int:
+        slots = self._slots.get(name)
+        return len(slots) if slots else 0
+
+    @contextlib.contextmanager
+    def register(self, name: str) -> Iterator[_Slot]:
+        self._seq += 1
+        key = self._seq
+        slot = _Slot()
+        self._slots.setdefault(name, collections.OrderedDict())[key] = slot
+        try:
+            yield slot
+        finally:
+            slots = self._slots.get(name)
+            if slots is not None:
+                slots.pop(key, None)
+                if not slots:
+                    del self._slots[name]
+            if slot.event.is_set():
+                self.wake_one(name)
+
+    def wake_one(self, name: str) -> bool:
+        slots = self._slots.get(name)
+        if not slots:
+            return False
+        for slot in slots.values():
+            if not slot.event.is_set():
+                slot.event.set()
+                return True
+        return False
+
+    def wake_all(self, name: str) -> None:
+        for slot in list(self._slots.get(name, {}).values()):
+            slot.event.set()
+
+    def wake_everyone(self) -> None:
+        for name in list(self._slots):
+            self.wake_all(name)
+
+
+class BoardWaiter:
+    """A waiter woken through a :class:`WakeupBoard`, optionally also polling with backoff.
+
+    ``backoff=None`` means purely event-driven (the timeout passed to :meth:`wait` still
+    bounds the sleep, e.g. the holder's remaining lease).
+    """
+
+    def __init__(self, slot: _Slot, backoff: Backoff | None) -> None:
+        self._slot = slot
+        self._backoff = backoff
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def context(
+        cls, board: WakeupBoard, name: str, backoff: Backoff | None = None
+    ) -> AsyncIterator[BoardWaiter]:
+        with board.register(name) as slot:
+            yield cls(slot, backoff)
+
+    async def wait(self, timeout: float | None) -> None:
+        if self._backoff is not None:
+            delay = self._backoff.next()
+            timeout = delay if timeout is None else min(delay, timeout)
+        slot = self._slot
+        if timeout is None:
+            await slot.event.wait()
+        else:
+            with anyio.move_on_after(timeout):
+                await slot.event.wait()
+        if slot.event.is_set():
+            # Consume the wake-up: the next sleep waits for a new one.
+            slot.event = anyio.Event()
+            if self._backoff is not None:
+                self._backoff.reset()

@@ -1,0 +1,189 @@
+"""One watchdog per client: renews every watchdog-mode lease and notices lost ones.
+
+It keeps two heaps instead of one sleeping task per lock:
+
+* renewals: a lease taken with ``ttl=None`` is renewed every ``watchdog_ttl / 3``; when one
+  renewal is due, every other renewal due within the next ``slack`` seconds joins the same
+  batch, so thousands of leases are renewed with a few pipelined round trips;
+* expiries: when a lease's guaranteed validity ends while it is still held (a fixed ``ttl``
+  ran out, or renewals kept failing), the lease is lost.
+
+A renewal batch runs in its own task so a slow server never delays expiry detection.  A
+renewal that fails with a :class:`~aiodlock.BackendError` is retried until the lease's
+validity ends; a renewal the server answers with "not yours" loses the lease at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._errors import LockError
+from .backends._base import Capability, monotonic
+
+if TYPE_CHECKING:
+    from ._client import Client, _Hold
+
+__all__ = ["Watchdog"]
+
+log = logging.getLogger("aiodlock")
+
+
+class Watchdog:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._renewals: list[tuple[float, int, int, _Hold]] = []
+        self._expiries: list[tuple[float, int, int, _Hold]] = []
+        self._seq = itertools.count()
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight = 0
+
+    @property
+    def interval(self) -> float:
+        return self._client.config.watchdog_ttl / 3
+
+    def start(self) -> None:
+        if self._task is None:
+            self._renewals.clear()
+            self._expiries.clear()
+            self._poke = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"aiodlock:watchdog:{self._client.id}"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._renewals.clear()
+        self._expiries.clear()
+
+    def _renews(self, hold: _Hold) -> bool:
+        if hold.fixed_ttl:
+            return False
+        return not self._client.backend.capabilities & Capability.SESSION_LEASE
+
+    def track(self, hold: _Hold) -> None:
+        """Start watching a new hold."""
+        if self._renews(hold):
+            hold.renew_at = hold.acquired_at + self.interval
+        self._schedule(hold)
+
+    def untrack(self, hold: _Hold) -> None:
+        # Heap entries of an older generation are skipped when popped.
+        hold.generation += 1
+
+    def renewed(self, hold: _Hold, expires_at: float | None) -> None:
+        """A renewal (by the watchdog or ``extend()``) succeeded at ``expires_at``."""
+        hold.expires_at = expires_at
+        hold.last_error = None
+        if self._renews(hold):
+            hold.renew_at = monotonic() + self.interval
+        hold.generation += 1
+        self._schedule(hold)
+
+    def _schedule(self, hold: _Hold) -> None:
+        gen = hold.generation
+        if hold.renew_at is not None and self._renews(hold) and not hold.renewing:
+            heapq.heappush(self._renewals, (hold.renew_at, next(self._seq), gen, hold))
+        if hold.expires_at is not None:
+            heapq.heappush(self._expiries, (hold.expires_at, next(self._seq), gen, hold))
+        self._poke.set()
+
+    async def _run(self) -> None:
+        while True:
+            now = monotonic()
+            self._expire(now)
+            batch = self._due_renewals(now)
+            if batch:
+                for hold in batch:
+                    hold.renewing = True
+                self._in_flight += 1
+                self._client.spawn(self._renew(batch), "renew")
+            wake = self._next_wake()
+            self._poke.clear()
+            timeout = None if wake is None else max(0.0, wake - monotonic())
+            try:
+                await asyncio.wait_for(self._poke.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def _next_wake(self) -> float | None:
+        times = [heap[0][0] for heap in (self._renewals, self._expiries) if heap]
+        return min(times) if times else None
+
+    def _expire(self, now: float) -> None:
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            _, _, gen, hold = heapq.heappop(heap)
+            if gen != hold.generation or not hold.active or hold.server_released:
+                continue
+            if hold.expires_at is None or hold.expires_at > now:
+                continue
+            if hold.fixed_ttl:
+                reason = f"its fixed ttl of {hold.ttl:g} s ran out while it was held"
+            else:
+                reason = "its lease expired before it could be renewed"
+                if hold.last_error:
+                    reason += f" (last error: {hold.last_error})"
+            self._client._mark_lost(hold, reason)
+
+    def _due_renewals(self, now: float) -> list[_Hold]:
+        heap = self._renewals
+        if not heap or heap[0][0] > now:
+            return []
+        # Everything due within a tenth of the interval joins this batch.
+        horizon = now + self.interval / 10
+        batch: list[_Hold] = []
+        while heap and heap[0][0] <= horizon:
+            _, _, gen, hold = heapq.heappop(heap)
+            if gen != hold.generation or not hold.active or hold.renewing:
+                continue
+            batch.append(hold)
+        return batch
+
+    async def _renew(self, batch: list[_Hold]) -> None:
+        client = self._client
+        backend = client.backend
+        gens = [hold.generation for hold in batch]
+        ttl = client.config.watchdog_ttl
+        try:
+            results: Any = None
+            error: BaseException | None = None
+            try:
+                # Bounded: a renewal past the earliest expiry in the batch is of no use.
+                with anyio.fail_after(client.config.op_timeout):
+                    results = await backend.renew([hold.grant for hold in batch], ttl)
+            except (LockError, TimeoutError, OSError) as exc:
+                error = exc
+            for i, hold in enumerate(batch):
+                hold.renewing = False
+                if hold.generation != gens[i] or not hold.active:
+                    continue
+                if error is not None:
+                    hold.last_error = str(error) or type(error).__name__
+                    log.warning("aiodlock: renewing %r failed: %s", hold.name, hold.last_error)
+                    hold.renew_at = monotonic() + min(self.interval / 4, 1.0)
+                    hold.generation += 1
+                    self._schedule(hold)
+                elif results[i] is None:
+                    client._mark_lost(
+                        hold, "the lease was gone or owned by someone else at renewal"
+                    )
+                else:
+                    self.renewed(hold, results[i])
+        finally:
+            self._in_flight -= 1
+            for hold in batch:
+                hold.renewing = False
+            self._poke.set()

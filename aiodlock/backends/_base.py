@@ -1,0 +1,225 @@
+"""The contract between the core and a backend.
+
+The core (``aiodlock._client`` / ``aiodlock._lock`` / ``aiodlock._watchdog``) owns every
+policy: owner identity, reentrancy, deadlines, the watchdog, lost-lease handling and
+cancellation.  A backend only speaks its protocol:
+
+* :meth:`Backend.try_acquire` makes ONE atomic attempt and answers :class:`Grant` or
+  :class:`Busy` (with the holder's remaining lease when the server tells it);
+* :meth:`Backend.waiter` gives the wake-up source a waiter sleeps on between attempts
+  (pub/sub, a watch, a local event, or backoff polling);
+* :meth:`Backend.acquire` is the whole wait; the default runs the shared try-then-wait loop
+  of :func:`aiodlock._waiting.acquire_loop`; queue-based backends (ZooKeeper, etcd, memory)
+  override it;
+* :meth:`Backend.renew` renews many leases in one batch (the client's single watchdog
+  calls it); :meth:`Backend.release` is a compare-and-delete by owner;
+  :meth:`Backend.abandon` removes every trace of an owner's attempt (used by the core after
+  a cancellation or an error, when it cannot know what the server did).
+
+Invariants a backend must keep:
+
+* ``owner`` strings are unique per (client, task) and are what :class:`LockStatus` reports;
+* an attempt by an owner that already holds the name on the server is idempotent: it
+  succeeds again with the SAME token and refreshes the lease (the core never sends a nested
+  acquire, but a retried attempt whose first reply was lost must not count twice);
+* times are on the :func:`time.monotonic` clock (the asyncio loop's clock) on the client
+  side; expiries stored on a server use the server's clock;
+* every driver call goes through the backend's one translation context manager so that
+  only :class:`~aiodlock.BackendError` / :class:`~aiodlock.BackendTimeout` escape.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar, Protocol, Self
+
+from .._lease import LockStatus
+from .._url import ParsedURL
+
+__all__ = [
+    "Backend",
+    "Busy",
+    "Capability",
+    "CommonConfig",
+    "Grant",
+    "LostCallback",
+    "Request",
+    "Waiter",
+    "monotonic",
+]
+
+monotonic = time.monotonic
+"""The client-side clock (the asyncio event loop uses the same one)."""
+
+
+class Capability(enum.Flag):
+    """What a backend can do; checked by the core before anything is sent."""
+
+    NONE = 0
+    #: ``fair=True`` is supported (FIFO in request order).
+    FAIR = enum.auto()
+    #: Every lock is FIFO-fair, whatever ``fair`` says.
+    ALWAYS_FAIR = enum.auto()
+    #: Fencing tokens strictly increase per name (see the backend's docs for exceptions).
+    FENCING = enum.auto()
+    #: Leases are bound to a server session / lease object the backend keeps alive itself:
+    #: the core never calls :meth:`Backend.renew`; the backend reports losses through the
+    #: :data:`LostCallback` it receives in :meth:`Backend.open`.
+    SESSION_LEASE = enum.auto()
+    #: Locks are visible to other processes (everything but ``memory://``).
+    CROSS_PROCESS = enum.auto()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommonConfig:
+    """Options every backend shares (parsed by the core)."""
+
+    namespace: str = "aiodlock"
+    watchdog_ttl: float = 30.0
+    connect_timeout: float = 5.0
+    op_timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    """One owner's wish to take one name."""
+
+    name: str
+    owner: str
+    #: Lease length in seconds (``watchdog_ttl`` for watchdog-renewed locks).
+    ttl: float
+    fair: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class Grant:
+    """A lease the server granted."""
+
+    name: str
+    owner: str
+    token: int
+    #: When the lease ends at the latest, on the client's :func:`monotonic` clock, measured
+    #: from BEFORE the granting request was sent (so it is conservative); ``None`` when the
+    #: lease is bound to a session that the backend keeps alive.
+    expires_at: float | None
+    #: Backend-private data (a node path, a lease id, a version...).
+    data: Any = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Busy:
+    """The name is held by someone else."""
+
+    #: Seconds until the holder's lease ends if nobody renews it, when the server said.
+    retry_after: float | None = None
+
+
+class Waiter(Protocol):
+    """A wake-up source for one waiting owner (entered before the retry that precedes a wait)."""
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (a release, a lease end) or after ``timeout`` seconds."""
+        ...
+
+
+#: Called by a session-bound backend when leases are lost: ``(grants, reason)``.
+LostCallback = Callable[[Sequence[Grant], str], None]
+
+
+class Backend(abc.ABC):
+    """The protocol one lock service speaks.  Subclass it and register the scheme(s)."""
+
+    #: Short name used in messages, e.g. ``"redis"``.
+    backend_name: ClassVar[str]
+    capabilities: ClassVar[Capability] = Capability.NONE
+
+    config: CommonConfig
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        """Build from a parsed URL.
+
+        ``options`` holds the URL's query options and the keyword options that the core did
+        not consume; take what you know with the ``take_*`` helpers of ``aiodlock._url``.
+        The core raises :class:`~aiodlock.ConfigurationError` for whatever is left over.
+        No I/O here.
+        """
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The URL with any password masked (for ``repr`` and messages)."""
+
+    @abc.abstractmethod
+    async def open(self, on_lost: LostCallback) -> None:
+        """Connect.  Session-bound backends call ``on_lost`` when leases die."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Disconnect and stop background tasks.  Idempotent."""
+
+    @abc.abstractmethod
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        """One atomic attempt.
+
+        ``will_wait`` is False for a try-lock: then a denied attempt must leave nothing on
+        the server (no queue entry).  When it is True a fair backend may keep the owner's
+        place in its queue; the core guarantees a later :meth:`abandon` if no grant follows.
+        """
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        """The wake-up source for ``request``; entered BEFORE the retry that precedes a wait.
+
+        The default polls with capped exponential backoff and jitter.
+        """
+        from .._waiting import BackoffWaiter
+
+        return BackoffWaiter.context()
+
+    async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        """Acquire, waiting until ``deadline`` (monotonic; ``None`` = forever).
+
+        Returns ``None`` at the deadline, having cleaned up after itself.  The default is
+        the shared try-then-wait loop built on :meth:`try_acquire` and :meth:`waiter`.
+        """
+        from .._waiting import acquire_loop
+
+        return await acquire_loop(self, request, deadline)
+
+    @abc.abstractmethod
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> Sequence[float | None]:
+        """Renew every grant (in one batch/pipeline where the protocol allows).
+
+        Returns, per grant, the new ``expires_at`` (monotonic, measured from before the
+        request was sent) or ``None`` when the lease is gone or owned by someone else.
+        Raises :class:`~aiodlock.BackendError` when the server could not be asked.
+        """
+
+    @abc.abstractmethod
+    async def release(self, grant: Grant) -> bool:
+        """Compare-and-delete by owner; wakes the next waiter.  False if it was not ours."""
+
+    @abc.abstractmethod
+    async def abandon(self, request: Request) -> None:
+        """Remove whatever ``request.owner`` may have left for ``request.name``.
+
+        Called (shielded from cancellation, bounded by ``op_timeout``) after an acquire that
+        raised or was cancelled, when the server may or may not have granted: delete the
+        lock if this owner holds it, and drop the owner's queue entry or node.
+        """
+
+    @abc.abstractmethod
+    async def status(self, name: str) -> LockStatus | None:
+        """Who holds ``name`` now (any process), or ``None``."""
+
+    @abc.abstractmethod
+    async def force_release(self, name: str) -> bool:
+        """Break the lock whoever holds it; True if something was released."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
