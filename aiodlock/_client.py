@@ -477,6 +477,9 @@ class Client:
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
         hold = _Hold(self, grant, lease_ttl, ttl is not None, on_lost, task)
+        if hold.fixed_ttl and hold.expires_at is None:
+            # A session-bound grant has no end of its own: the core enforces a fixed ttl.
+            hold.expires_at = monotonic() + lease_ttl
         self._holds[(name, owner)] = hold
         self._watchdog.track(hold)
         hold.done_callback = self._task_done_factory(hold)
@@ -585,7 +588,10 @@ class Client:
         if results[0] is None:
             self._mark_lost(hold, "the lease was gone when it was extended")
             raise LockLost(f"lock {name!r} was lost: {hold.lost_reason}")
-        self._watchdog.renewed(hold, results[0])
+        expires_at: float | None = results[0]
+        if self._backend.capabilities & Capability.SESSION_LEASE and not hold.fixed_ttl:
+            expires_at = None  # the session is the lease: it has no end to move
+        self._watchdog.renewed(hold, expires_at)
 
     # -- lost leases -------------------------------------------------------------------------
 

@@ -113,8 +113,11 @@ class Watchdog:
             wake = self._next_wake()
             self._poke.clear()
             timeout = None if wake is None else max(0.0, wake - monotonic())
+            # NOTE: asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for swallows
+            # a cancel() that arrives once the poke is already set, and stop() then hangs.
             try:
-                await asyncio.wait_for(self._poke.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._poke.wait()
             except TimeoutError:
                 pass
 

@@ -5,7 +5,7 @@ from any fixture, any event loop and from helper scripts.  Every server listens 
 loopback port and keeps its files in a private directory under the base directory it is
 given; nothing here touches servers on the standard ports (6379, 3306, 2181, 2379).
 
-Readiness rules (see docs in /work/shared/design/drivers.md):
+Readiness rules (from the team's drivers.md design notes):
 
 * Redis:      ``PING`` on a raw socket answers ``+PONG`` (or ``-NOAUTH`` with a password);
 * ZooKeeper:  the ``srvr`` four-letter word shows ``Mode:`` (``ruok`` answers too early);
@@ -54,8 +54,11 @@ __all__ = [
     "ZooKeeperPeer",
     "ZooKeeperServer",
     "binary_missing",
+    "etcdctl",
     "free_port",
     "start_many_redis",
+    "zookeeper_classpath",
+    "zookeeper_cli",
 ]
 
 HOST = "127.0.0.1"
@@ -329,7 +332,7 @@ class Server:
 
     Lifecycle: ``start()`` = ``spawn()`` + ``wait_ready()``; ``stop()`` (SIGTERM, then SIGKILL),
     ``kill()`` (SIGKILL), ``pause()`` (SIGSTOP), ``resume()`` (SIGCONT), ``restart()`` (same port;
-    data kept unless ``wipe=True``), ``close()`` (stop and delete the data directory).
+    data kept unless ``wipe=True``), ``close()`` (kill and delete the data directory).
     """
 
     kind: ClassVar[str] = "server"
@@ -419,6 +422,7 @@ class Server:
         """Start the process without waiting for it to be ready."""
         if self.running:
             raise ServerError(f"{self!r} is already running")
+        self._forget()  # a process that died on its own
         self._prepare()
         self._log_offsets = {path: _file_size(path) for path in self._log_files()}
         self._paused = False
@@ -555,19 +559,30 @@ class Server:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def ensure_running(self, timeout: float = READY_TIMEOUT) -> Self:
-        """Make a possibly paused, dead or wedged server usable again (same port)."""
-        if not self.running:
+        """Make a possibly paused or dead server usable again (same port).
+
+        Cheap when the server is fine (no network round trip): it only looks at the process.
+        """
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
             self._forget()
             return self.start(timeout)
-        self.resume()
-        if not self.ping(timeout=2.0):
-            self.kill()
-            return self.start(timeout)
+        state = _proc_state(proc.pid)
+        if self._paused or (state is not None and state in "Tt"):
+            self.resume()
+            try:
+                self.wait_ready(min(timeout, 5.0))
+            except ServerError:
+                self.kill()
+                return self.start(timeout)
         return self
 
     def close(self) -> None:
-        """Stop and delete the data (logs stay in ``workdir``).  Idempotent."""
-        self.stop()
+        """Kill the process and delete the data (logs stay in ``workdir``).  Idempotent.
+
+        SIGKILL rather than a clean stop: the data is thrown away anyway, and it is faster.
+        """
+        self.kill()
         shutil.rmtree(self.data_dir, ignore_errors=True)
         for path in self._extra_cleanup:
             shutil.rmtree(path, ignore_errors=True)
@@ -856,9 +871,11 @@ def zookeeper_cli(hosts: str, *args: str, timeout: float = 30.0, check: bool = T
             f"zkCli {' '.join(args)} failed ({result.returncode}): "
             f"{(result.stdout + result.stderr).strip()}"
         )
+    # zkCli prints errors such as "Node does not exist: /a" on stderr, among slf4j log lines
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("[")]
     lines = [
         line
-        for line in result.stdout.splitlines()
+        for line in [*result.stdout.splitlines(), *errors]
         if line.strip() and not line.startswith(_ZK_CLI_NOISE)
     ]
     return "\n".join(lines)
@@ -1200,11 +1217,11 @@ class ServerGroup(Generic[S]):
                 member.wait_ready(max(0.1, deadline - time.monotonic()))
 
     def stop(self) -> None:
-        for member in self.members:
-            proc = member._proc
-            if proc is not None and proc.poll() is None:  # signal all first, then wait
-                _signal(proc, signal.SIGTERM)
-                _signal(proc, signal.SIGCONT)
+        """Stop the members one after the other.
+
+        (SIGTERM to all etcd members at once costs ~5 s: each one tries to hand over
+        leadership to peers that are going away.)
+        """
         for member in self.members:
             member.stop()
 
@@ -1223,7 +1240,6 @@ class ServerGroup(Generic[S]):
             member.wipe()
 
     def close(self) -> None:
-        self.stop()
         for member in self.members:
             member.close()
 
@@ -1242,13 +1258,28 @@ class ServerGroup(Generic[S]):
 class RedisGroup(ServerGroup[RedisServer]):
     """``n`` independent Redis masters (for Redlock)."""
 
-    def __init__(self, base_dir: str | os.PathLike[str], n: int, **kwargs: object) -> None:
-        super().__init__([RedisServer(base_dir, **kwargs) for _ in range(n)])  # type: ignore[arg-type]
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        n: int,
+        *,
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(
+            [RedisServer(base_dir, password=password, extra_args=extra_args) for _ in range(n)]
+        )
 
 
-def start_many_redis(n: int, base_dir: str | os.PathLike[str], **kwargs: object) -> RedisGroup:
+def start_many_redis(
+    n: int,
+    base_dir: str | os.PathLike[str],
+    *,
+    password: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> RedisGroup:
     """Start ``n`` independent Redis masters concurrently."""
-    return RedisGroup(base_dir, n, **kwargs).start()
+    return RedisGroup(base_dir, n, password=password, extra_args=extra_args).start()
 
 
 class ZooKeeperEnsemble(ServerGroup[ZooKeeperServer]):

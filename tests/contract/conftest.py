@@ -1,0 +1,102 @@
+"""The contract suite: one set of tests that every backend must pass.
+
+Each backend is a parameter of the ``backend`` fixture; a backend whose module does not
+exist yet is left out, and one whose server is missing skips locally and fails in CI (the
+server fixtures in ``tests/conftest.py`` decide that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiodlock
+
+#: backend -> (module, marks)
+BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
+    "memory": ("aiodlock.backends.memory", ()),
+    "sqlite": ("aiodlock.backends.sqlite", ()),
+    "redis": ("aiodlock.backends.redis", (pytest.mark.redis,)),
+    "redlock": ("aiodlock.backends.redlock", (pytest.mark.redis,)),
+    "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
+    "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
+    "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
+}
+
+
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+PARAMS = [
+    pytest.param(name, marks=marks, id=name)
+    for name, (module, marks) in BACKENDS.items()
+    if _present(module)
+]
+
+
+@pytest.fixture(params=PARAMS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL for the backend under test (servers are shared; namespaces isolate tests)."""
+    if backend == "memory":
+        return f"memory://contract-{uuid.uuid4().hex[:8]}"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'locks.db'}"
+    if backend == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    if backend == "redlock":
+        servers = request.getfixturevalue("redlock_servers")
+        return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+    if backend == "zookeeper":
+        return str(request.getfixturevalue("zookeeper_server").url)
+    if backend == "etcd":
+        return str(request.getfixturevalue("etcd_server").url)
+    if backend == "mysql":
+        return str(request.getfixturevalue("mariadb_server").url)
+    raise AssertionError(backend)
+
+
+ClientFactory = Callable[..., Awaitable[aiodlock.Client]]
+
+
+@pytest.fixture
+async def make_client(backend_url: str) -> AsyncIterator[ClientFactory]:
+    """Open clients on the backend under test, all in one fresh namespace; closed at the end."""
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    clients: list[aiodlock.Client] = []
+
+    async def factory(**options: Any) -> aiodlock.Client:
+        options.setdefault("namespace", namespace)
+        options.setdefault("op_timeout", 5.0)
+        client = aiodlock.connect(backend_url, **options)
+        await client.open()
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> aiodlock.Client:
+    return await make_client()
+
+
+@pytest.fixture
+async def other(make_client: ClientFactory) -> aiodlock.Client:
+    """A second client of the same backend and namespace: another process, in effect."""
+    return await make_client()
