@@ -1,0 +1,434 @@
+"""The core's policy (reentrancy, watchdog, lost leases, cancellation), on the memory backend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+import aiodlock
+import aiodlock.testing
+from aiodlock.backends._base import Grant, Request
+from aiodlock.backends.memory import MemoryBackend
+
+HANG = 20.0
+
+
+class CountingMemory(MemoryBackend):
+    """The memory backend, counting the calls the core makes (instrumentation, not a fake)."""
+
+    backend_name = "memory"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls: dict[str, int] = {}
+        self.renew_sizes: list[int] = []
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
+
+    async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        self._count("acquire")
+        return await super().acquire(request, deadline)
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        self._count("renew")
+        self.renew_sizes.append(len(grants))
+        return await super().renew(grants, ttl)
+
+    async def release(self, grant: Grant) -> bool:
+        self._count("release")
+        return await super().release(grant)
+
+
+def counting_client(space: str | None = None, **options: object) -> aiodlock.Client:
+    plain = aiodlock.testing.memory_client(space, **options)
+    backend = plain.backend
+    assert isinstance(backend, MemoryBackend)
+    counting = CountingMemory(backend.space_name, backend.config)
+    return aiodlock.Client(counting)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiodlock.Client]:
+    async with aiodlock.testing.memory_client() as c:
+        yield c
+
+
+async def test_nested_acquire_makes_no_round_trip() -> None:
+    async with counting_client() as client:
+        backend = client.backend
+        assert isinstance(backend, CountingMemory)
+        lock = client.lock("nested")
+        async with lock as outer:
+            for _ in range(10):
+                async with lock as inner:
+                    assert inner is outer
+        assert backend.calls == {"acquire": 1, "release": 1}
+
+
+async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:
+    inside = 0
+    count = 0
+
+    async def worker() -> None:
+        nonlocal inside, count
+        for _ in range(20):
+            async with client.lock("many"):
+                inside += 1
+                assert inside == 1
+                await asyncio.sleep(0)
+                inside -= 1
+                count += 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(50))), HANG)
+    assert count == 1000
+
+
+async def test_fifo_order(client: aiodlock.Client) -> None:
+    order: list[int] = []
+    lock = client.lock("fifo")
+    await lock.acquire()
+
+    async def waiter(i: int) -> None:
+        async with client.lock("fifo"):
+            order.append(i)
+
+    tasks = []
+    for i in range(20):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+    status = await lock.status()
+    assert status is not None
+    assert status.waiters == 20
+    await lock.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert order == list(range(20))
+
+
+async def test_watchdog_renews_many_locks_in_batches() -> None:
+    async with counting_client(watchdog_ttl=0.3) as client:
+        backend = client.backend
+        assert isinstance(backend, CountingMemory)
+        locks = [client.lock(f"bulk-{i}") for i in range(2000)]
+        tasks_before = len(asyncio.all_tasks())
+        for lock in locks:
+            await lock.acquire()
+        assert len(asyncio.all_tasks()) - tasks_before <= 2  # no task per lock
+        await asyncio.sleep(1.0)  # about 10 renewal intervals
+        leases = [lock.lease for lock in locks]
+        assert all(lease is not None and not lease.lost for lease in leases)
+        renewed = sum(backend.renew_sizes)
+        assert renewed >= 2000 * 2
+        # Thousands of renewals, a few dozen calls at most.
+        assert backend.calls["renew"] <= 60, backend.renew_sizes
+        for lock in locks:
+            await lock.release()
+
+
+async def test_lost_lease_raises_from_nested_with(client: aiodlock.Client) -> None:
+    admin = aiodlock.testing.memory_client(client.backend.space_name)  # type: ignore[attr-defined]
+    lock = client.lock("nested-lost")
+    with pytest.raises(aiodlock.LockLost):
+        async with lock, lock:
+            await admin.force_release("nested-lost")
+            await asyncio.sleep(HANG)
+    assert not lock.held
+    assert await lock.try_acquire() is not None
+    await lock.release()
+
+
+async def test_foreign_cancellation_is_not_turned_into_lock_lost(
+    client: aiodlock.Client,
+) -> None:
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with client.lock("foreign"):
+            entered.set()
+            await asyncio.sleep(HANG)
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await client.status("foreign") is None
+
+
+async def test_timeout_outside_is_not_confused_with_loss(client: aiodlock.Client) -> None:
+    with pytest.raises(TimeoutError) as info:
+        async with asyncio.timeout(0.05), client.lock("outer-timeout"):
+            await asyncio.sleep(HANG)
+    assert not isinstance(info.value, aiodlock.LockLost)
+    assert await client.status("outer-timeout") is None
+
+
+async def test_fixed_ttl_loss_cancels_body(client: aiodlock.Client) -> None:
+    started = time.monotonic()
+    with pytest.raises(aiodlock.LockLost, match="fixed ttl"):
+        async with client.lock("short", ttl=0.1):
+            await asyncio.sleep(HANG)
+    assert time.monotonic() - started < HANG / 2
+
+
+async def test_async_on_lost_callback(client: aiodlock.Client) -> None:
+    seen: list[str] = []
+    done = asyncio.Event()
+
+    async def on_lost(lease: aiodlock.Lease) -> None:
+        seen.append(lease.name)
+        done.set()
+
+    async with client.lock("cb", ttl=0.1, on_lost=on_lost) as lease:
+        await asyncio.wait_for(done.wait(), HANG)
+        assert lease.lost
+        assert lease.expires_in == 0.0
+    assert seen == ["cb"]
+
+
+async def test_reacquire_of_lost_lock_needs_release_first(client: aiodlock.Client) -> None:
+    lock = client.lock("lost-re", ttl=0.05, on_lost="ignore")
+    lease = await lock.acquire()
+    await asyncio.wait_for(lease.wait_lost(), HANG)
+    assert not lock.held
+    with pytest.raises(aiodlock.LockLost):
+        await lock.acquire()
+    await lock.release()  # on_lost="ignore": no error
+    assert await lock.try_acquire() is not None
+    await lock.release()
+
+
+async def test_release_of_lost_lease_raises_with_cancel_policy(client: aiodlock.Client) -> None:
+    lock = client.lock("lost-release", ttl=0.05)
+    lease = await lock.acquire()
+    await asyncio.wait_for(lease.wait_lost(), HANG)
+    with pytest.raises(aiodlock.LockLost, match="lost-release"):
+        await lock.release()
+    with pytest.raises(aiodlock.LockNotOwned):
+        await lock.release()
+
+
+async def test_task_that_ends_holding_a_lock_releases_it(
+    client: aiodlock.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def forgetful() -> aiodlock.Lease:
+        return await client.lock("orphan").acquire()
+
+    with caplog.at_level(logging.WARNING, logger="aiodlock"):
+        lease = await asyncio.create_task(forgetful())
+        for _ in range(100):
+            if await client.status("orphan") is None:
+                break
+            await asyncio.sleep(0.01)
+    assert await client.status("orphan") is None
+    assert lease.released
+    assert any("ended while holding" in r.getMessage() for r in caplog.records)
+
+
+async def test_observer_sees_events(client: aiodlock.Client) -> None:
+    events: list[tuple[str, str]] = []
+
+    class Recorder(aiodlock.Observer):
+        def on_acquired(self, lease: aiodlock.Lease, waited: float) -> None:
+            assert waited >= 0
+            events.append(("acquired", lease.name))
+
+        def on_released(self, lease: aiodlock.Lease, held: float) -> None:
+            events.append(("released", lease.name))
+
+        def on_lost(self, lease: aiodlock.Lease, reason: str) -> None:
+            events.append(("lost", lease.name))
+
+        def on_timeout(self, name: str, owner: str, waited: float) -> None:
+            events.append(("timeout", name))
+
+    class Broken(aiodlock.Observer):
+        def on_acquired(self, lease: aiodlock.Lease, waited: float) -> None:
+            raise RuntimeError("observer bug")
+
+    client.add_observer(Broken())
+    client.add_observer(Recorder())
+    async with client.lock("obs"):
+
+        async def contend() -> None:
+            with pytest.raises(aiodlock.LockTimeout):
+                await client.lock("obs").acquire(timeout=0)
+
+        await asyncio.create_task(contend())
+    with pytest.raises(aiodlock.LockLost):
+        async with client.lock("obs2", ttl=0.05):
+            await asyncio.sleep(HANG)
+    assert events == [
+        ("acquired", "obs"),
+        ("timeout", "obs"),
+        ("released", "obs"),
+        ("acquired", "obs2"),
+        ("lost", "obs2"),
+        ("released", "obs2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1}, "ttl"),
+        ({"ttl": float("inf")}, "ttl"),
+        ({"ttl": "10"}, "ttl"),
+        ({"timeout": -1}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": True}, "timeout"),
+        ({"fair": "yes"}, "fair"),
+        ({"on_lost": "explode"}, "on_lost"),
+    ],
+)
+def test_bad_lock_options(kwargs: dict[str, object], fragment: str) -> None:
+    client = aiodlock.testing.memory_client()
+    with pytest.raises(aiodlock.ConfigurationError, match=fragment):
+        client.lock("x", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_bad_acquire_timeout(client: aiodlock.Client) -> None:
+    with pytest.raises(aiodlock.ConfigurationError, match="timeout"):
+        await client.lock("x").acquire(timeout=-0.5)
+
+
+async def test_infinite_timeout_means_forever(client: aiodlock.Client) -> None:
+    lock = client.lock("inf", timeout=float("inf"))
+    assert lock.timeout is None
+    async with lock:
+        assert lock.held
+
+
+async def test_decorator_validates_early() -> None:
+    client = aiodlock.testing.memory_client()
+    with pytest.raises(aiodlock.ConfigurationError, match="not a parameter"):
+
+        @client.locked("job:{missing}")
+        async def job(user_id: int) -> None: ...
+
+    with pytest.raises(aiodlock.ConfigurationError, match="async def"):
+
+        @client.locked("job:{x}")
+        def sync_job(x: int) -> None: ...
+
+    with pytest.raises(aiodlock.ConfigurationError, match="parameter names"):
+
+        @client.locked("job:{0}")
+        async def positional(x: int) -> None: ...
+
+    with pytest.raises(aiodlock.ConfigurationError, match="timeout"):
+        client.locked("job", timeout=-1)
+
+
+async def test_decorator_formats_attributes_defaults_and_callables(
+    client: aiodlock.Client,
+) -> None:
+    names: list[str] = []
+
+    class Order:
+        id = 42
+
+    @client.locked("order:{order.id}:{mode}")
+    async def ship(order: Order, mode: str = "fast") -> None:
+        lease = client.lock(f"order:{order.id}:{mode}").lease
+        assert lease is not None
+        names.append(lease.name)
+
+    @client.locked(lambda a, b: f"sum:{a + b}")
+    async def add(a: int, b: int) -> None:
+        names.append("add" if client.lock(f"sum:{a + b}").held else "not held")
+
+    await ship(Order())
+    await ship(Order(), mode="slow")
+    await add(1, 2)
+    assert names == ["order:42:fast", "order:42:slow", "add"]
+    assert ship.__name__ == "ship"
+
+
+async def test_client_opens_itself_and_can_reopen() -> None:
+    client = aiodlock.testing.memory_client()
+    assert not client.is_open
+    async with client.lock("auto"):
+        assert client.is_open
+    await client.close()
+    assert not client.is_open
+    async with client:
+        async with client.lock("auto") as lease:
+            assert lease.token == 2
+
+
+async def test_held_is_per_task_and_false_outside(client: aiodlock.Client) -> None:
+    lock = client.lock("held")
+    assert not lock.held
+    assert lock.lease is None
+    async with lock as lease:
+        assert lock.held
+        assert lock.lease is lease
+        assert 0 < (lease.expires_in or 0) <= client.config.watchdog_ttl
+        assert "held" in repr(lease)
+    assert not lock.held
+    assert "released" in repr(lease)
+    assert repr(lock) == "<aiodlock.Lock 'held'>"
+
+
+@pytest.mark.parametrize("steps", range(0, 12))
+async def test_cancel_at_every_step_of_a_contended_acquire(steps: int) -> None:
+    space = aiodlock.testing.new_space()
+    async with (
+        aiodlock.testing.memory_client(space) as a,
+        aiodlock.testing.memory_client(space) as b,
+    ):
+        await a.lock("step").acquire()
+        task = asyncio.create_task(b.lock("step").acquire())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if steps % 3 == 0:
+            await a.lock("step").release()  # the grant may race with the cancel
+            for _ in range(steps // 3):
+                await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        if a.lock("step").held:
+            await a.lock("step").release()
+        for _ in range(50):
+            status = await a.status("step")
+            if status is None:
+                break
+            await asyncio.sleep(0.01)
+        assert await a.status("step") is None
+        assert await a.lock("step").try_acquire() is not None
+        await a.lock("step").release()
+
+
+async def test_memory_spaces_are_independent() -> None:
+    async with (
+        aiodlock.testing.memory_client() as a,
+        aiodlock.testing.memory_client() as b,
+    ):
+        await a.lock("same").acquire()
+        assert await b.lock("same").try_acquire() is not None
+        await b.lock("same").release()
+        await a.lock("same").release()
+
+
+async def test_namespaces_are_independent() -> None:
+    space = aiodlock.testing.new_space()
+    async with (
+        aiodlock.testing.memory_client(space, namespace="app1") as a,
+        aiodlock.testing.memory_client(space, namespace="app2") as b,
+        aiodlock.testing.memory_client(space, namespace="app1") as c,
+    ):
+        await a.lock("n").acquire()
+        assert await b.lock("n").try_acquire() is not None
+        assert await c.lock("n").try_acquire() is None
+        await b.lock("n").release()
+        await a.lock("n").release()
