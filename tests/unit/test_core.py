@@ -358,9 +358,8 @@ async def test_client_opens_itself_and_can_reopen() -> None:
         assert client.is_open
     await client.close()
     assert not client.is_open
-    async with client:
-        async with client.lock("auto") as lease:
-            assert lease.token == 2
+    async with client, client.lock("auto") as lease:
+        assert lease.token == 2
 
 
 async def test_held_is_per_task_and_false_outside(client: aiodlock.Client) -> None:
@@ -377,7 +376,7 @@ async def test_held_is_per_task_and_false_outside(client: aiodlock.Client) -> No
     assert repr(lock) == "<aiodlock.Lock 'held'>"
 
 
-@pytest.mark.parametrize("steps", range(0, 12))
+@pytest.mark.parametrize("steps", range(12))
 async def test_cancel_at_every_step_of_a_contended_acquire(steps: int) -> None:
     space = aiodlock.testing.new_space()
     async with (
