@@ -19,6 +19,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,6 +44,8 @@ class Watchdog:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight = 0
+        #: When the loop wakes next by itself; an earlier event needs a poke.
+        self._wake_at = math.inf
 
     @property
     def interval(self) -> float:
@@ -53,6 +56,7 @@ class Watchdog:
             self._renewals.clear()
             self._expiries.clear()
             self._poke = asyncio.Event()
+            self._wake_at = math.inf
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"aiodlock:watchdog:{self._client.id}"
             )
@@ -94,11 +98,27 @@ class Watchdog:
 
     def _schedule(self, hold: _Hold) -> None:
         gen = hold.generation
+        earliest = math.inf
         if hold.renew_at is not None and self._renews(hold) and not hold.renewing:
             heapq.heappush(self._renewals, (hold.renew_at, next(self._seq), gen, hold))
+            earliest = hold.renew_at
         if hold.expires_at is not None:
             heapq.heappush(self._expiries, (hold.expires_at, next(self._seq), gen, hold))
-        self._poke.set()
+            earliest = min(earliest, hold.expires_at)
+        # NOTE: the loop sleeps until _wake_at; only an earlier event must wake it (an
+        # acquire on the hot path then costs no context switch of the watchdog).
+        if earliest < self._wake_at:
+            self._wake_at = earliest
+            self._poke.set()
+        self._compact()
+
+    def _compact(self) -> None:
+        # Released holds leave stale entries behind until they are due; drop them when
+        # they dominate, so a high acquire rate cannot grow the heaps without bound.
+        for heap in (self._renewals, self._expiries):
+            if len(heap) > 1024 and len(heap) > 4 * len(self._client._holds):
+                heap[:] = [e for e in heap if e[2] == e[3].generation and e[3].active]
+                heapq.heapify(heap)
 
     async def _run(self) -> None:
         while True:
@@ -112,6 +132,7 @@ class Watchdog:
                 self._client.spawn(self._renew(batch), "renew")
             wake = self._next_wake()
             self._poke.clear()
+            self._wake_at = math.inf if wake is None else wake
             timeout = None if wake is None else max(0.0, wake - monotonic())
             # NOTE: asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for swallows
             # a cancel() that arrives once the poke is already set, and stop() then hangs.
