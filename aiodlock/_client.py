@@ -159,12 +159,14 @@ class _Hold:
         "client",
         "count",
         "done_callback",
+        "entries",
         "expires_at",
         "fixed_ttl",
         "generation",
         "grant",
         "last_error",
         "lease",
+        "lost",
         "lost_event",
         "lost_reason",
         "name",
@@ -173,7 +175,6 @@ class _Hold:
         "released",
         "renew_at",
         "renewing",
-        "scopes",
         "server_released",
         "task",
         "ttl",
@@ -204,20 +205,35 @@ class _Hold:
         self.generation = 0
         self.released = False
         self.server_released = False
-        self.lost_event = anyio.Event()
+        self.lost = False
+        self.lost_event: asyncio.Event | None = None  # made when somebody waits for a loss
         self.lost_reason: str | None = None
         self.last_error: str | None = None
-        self.scopes: list[anyio.CancelScope] = []
+        #: One per ``async with`` level (outermost first); see Lock.__aenter__.
+        self.entries: list[BodyEntry] = []
         self.done_callback: Callable[[asyncio.Task[Any]], None] | None = None
         self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
 
     @property
     def active(self) -> bool:
-        return not self.released and not self.lost_event.is_set()
+        return not self.released and not self.lost
 
-    @property
-    def lost(self) -> bool:
-        return self.lost_event.is_set()
+    async def wait_lost(self) -> None:
+        if self.lost:
+            return
+        if self.lost_event is None:
+            self.lost_event = asyncio.Event()
+        await self.lost_event.wait()
+
+
+class BodyEntry:
+    """One ``async with`` level around a body: the task to cancel when the lease is lost."""
+
+    __slots__ = ("cancel_requested", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.cancel_requested = False
 
 
 class Client:
@@ -419,6 +435,9 @@ class Client:
         task = asyncio.current_task()
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
+        return self._owner_of(task)
+
+    def _owner_of(self, task: asyncio.Task[Any]) -> str:
         owner = self._owners.get(task)
         if owner is None:
             self._owner_seq += 1
@@ -445,7 +464,10 @@ class Client:
         fair: bool,
         on_lost: OnLost,
     ) -> Lease:
-        owner = self.current_owner()
+        task = asyncio.current_task()
+        if task is None:
+            raise LockError("aiodlock locks must be used from inside an asyncio task")
+        owner = self._owner_of(task)
         hold = self._holds.get((name, owner))
         if hold is not None and not hold.released:
             if hold.lost:
@@ -472,8 +494,6 @@ class Client:
             waited = monotonic() - started
             notify(self._observers, "on_timeout", name, owner, waited)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
-        task = asyncio.current_task()
-        assert task is not None
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
         hold = _Hold(self, grant, lease_ttl, ttl is not None, on_lost, task)
@@ -530,6 +550,11 @@ class Client:
         hold = self.current_hold(name)
         if hold is None:
             raise LockNotOwned(f"lock {name!r} is not held by this task")
+        await self.release_hold(hold)
+
+    async def release_hold(self, hold: _Hold) -> None:
+        """One release of ``hold`` by its own task."""
+        name = hold.name
         hold.count -= 1
         if hold.count > 0:
             return
@@ -540,7 +565,7 @@ class Client:
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
 
     async def _server_release(self, hold: _Hold, *, raise_errors: bool = False) -> None:
-        """Release ``hold`` on the server once (shielded from cancellation, bounded)."""
+        """Release ``hold`` on the server once; a cancellation cannot stop it half-way."""
         if hold.server_released:
             return
         hold.server_released = True
@@ -548,17 +573,20 @@ class Client:
         self._watchdog.untrack(hold)
         error: BaseException | None = None
         released = True
-        with anyio.CancelScope(shield=True):
-            try:
-                with anyio.fail_after(self._config.op_timeout * 2):
-                    released = await self._backend.release(hold.grant)
-            except BackendError as exc:
-                error = exc
-            except TimeoutError as exc:
-                error = BackendTimeout(
-                    f"{self._backend.backend_name}: release of {hold.name!r} timed out"
-                )
-                error.__cause__ = exc
+        try:
+            # Each backend round trip is bounded by op_timeout in the backend itself.
+            released = await self._backend.release(hold.grant)
+        except BackendError as exc:
+            error = exc
+        except BaseException:
+            # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
+            # shielded and bounded, then let the cancellation go on.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                try:
+                    await self._backend.release(hold.grant)
+                except Exception:
+                    log.warning("aiodlock: releasing %r failed", hold.name, exc_info=True)
+            raise
         if error is not None:
             log.warning(
                 "aiodlock: releasing %r failed (%s); it stays locked until its lease ends",
@@ -606,15 +634,21 @@ class Client:
         if hold.lost or hold.server_released:
             return
         hold.lost_reason = reason
-        hold.lost_event.set()
+        hold.lost = True
+        if hold.lost_event is not None:
+            hold.lost_event.set()
         hold.generation += 1
         self._watchdog.untrack(hold)
         log.warning("aiodlock: lock %r lost: %s", hold.name, reason)
         notify(self._observers, "on_lost", hold.lease, reason)
         policy = hold.on_lost
-        if policy == "cancel":
-            for scope in hold.scopes:
-                scope.cancel()
+        if policy == "cancel" and hold.entries:
+            # Cancel the body once, at the outermost level (asyncio.timeout style: the
+            # level that requested it uncancels and turns it into LockLost).
+            entry = hold.entries[0]
+            if not entry.cancel_requested:
+                entry.cancel_requested = True
+                entry.task.cancel(f"aiodlock: the lease of {hold.name!r} was lost")
         elif callable(policy):
             try:
                 result = policy(hold.lease)

@@ -52,7 +52,7 @@ class Lease:
     @property
     def lost(self) -> bool:
         """True once the lease can no longer be guaranteed."""
-        return self._hold.lost_event.is_set()
+        return self._hold.lost
 
     @property
     def released(self) -> bool:
@@ -71,7 +71,7 @@ class Lease:
         ``None`` when the lease is bound to a server session that has no fixed end.
         """
         hold = self._hold
-        if hold.lost_event.is_set() or hold.released:
+        if hold.lost or hold.released:
             return 0.0
         if hold.expires_at is None:
             return None
@@ -79,7 +79,7 @@ class Lease:
 
     async def wait_lost(self) -> None:
         """Return once the lease is lost (never returns for a lease that is kept)."""
-        await self._hold.lost_event.wait()
+        await self._hold.wait_lost()
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"

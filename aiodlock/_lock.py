@@ -10,9 +10,7 @@ import asyncio
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from ._client import OnLost, check_name, check_on_lost, check_seconds
+from ._client import BodyEntry, OnLost, check_name, check_on_lost, check_seconds
 from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
 from ._lease import Lease, LockStatus
 
@@ -46,7 +44,7 @@ class Lock:
         on_lost: OnLost = "cancel",
     ) -> None:
         self._client = client
-        self._entries: dict[asyncio.Task[Any], list[tuple[_Hold, anyio.CancelScope]]] = {}
+        self._entries: dict[asyncio.Task[Any], list[tuple[_Hold, BodyEntry]]] = {}
         self.name = check_name(name)
         self.ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
         self.timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
@@ -125,16 +123,15 @@ class Lock:
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
         hold = lease._hold
-        scope = anyio.CancelScope()
-        # NOTE: entered here and exited in __aexit__ in the same task; LIFO with any other
-        # scope because ``async with`` blocks nest.
-        scope.__enter__()
-        hold.scopes.append(scope)
         task = asyncio.current_task()
         assert task is not None
-        self._entries.setdefault(task, []).append((hold, scope))
+        entry = BodyEntry(task)
+        hold.entries.append(entry)
+        self._entries.setdefault(task, []).append((hold, entry))
         if hold.lost and hold.on_lost == "cancel":
-            scope.cancel()
+            # Lost before the body even started (a nested level of a lost hold).
+            entry.cancel_requested = True
+            task.cancel(f"aiodlock: the lease of {self.name!r} was lost")
         return lease
 
     async def __aexit__(
@@ -146,23 +143,23 @@ class Lock:
         task = asyncio.current_task()
         assert task is not None
         entries = self._entries[task]
-        hold, scope = entries.pop()
+        hold, entry = entries.pop()
         if not entries:
             del self._entries[task]
-        hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        # An exception still on its way out that is not ours to replace: somebody else's
-        # cancellation, or a LockLost an inner (reentrant) level already raised.
-        foreign_cancel = (
-            exc is not None and not swallowed and isinstance(exc, anyio.get_cancelled_exc_class())
-        )
-        propagating = exc is not None and not swallowed
+        hold.entries.remove(entry)
+        ours = False
+        # NOTE: as asyncio.timeout does: the cancellation this level requested is ours only
+        # if no other cancellation is pending on the task.
+        if entry.cancel_requested and task.uncancel() == 0:
+            ours = isinstance(exc, asyncio.CancelledError)
+        foreign_cancel = isinstance(exc, asyncio.CancelledError) and not ours
+        propagating = exc is not None and not ours
         if hold.released:  # released by hand inside the body
-            if swallowed:
+            if ours:
                 raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")
             return
         try:
-            await self._client.release(self.name)
+            await self._client.release_hold(hold)
         except LockLost as lost:
             if foreign_cancel or isinstance(exc, LockLost):
                 return
@@ -172,5 +169,5 @@ class Lock:
                 # The body's own exception matters more; the lease ends by itself.
                 return
             raise
-        if swallowed:  # pragma: no cover - a swallowed cancellation means the lease was lost
+        if ours:  # pragma: no cover - release raises LockLost for a lost hold
             raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")

@@ -11,6 +11,7 @@ of a release (a pub/sub message, a same-process release) wakes ONE local waiter,
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import math
@@ -105,7 +106,7 @@ class _Slot:
     __slots__ = ("event",)
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        self.event = asyncio.Event()
 
 
 class WakeupBoard:
@@ -193,10 +194,13 @@ class BoardWaiter:
         if timeout is None:
             await slot.event.wait()
         else:
-            with anyio.move_on_after(timeout):
-                await slot.event.wait()
+            try:
+                async with asyncio.timeout(timeout):
+                    await slot.event.wait()
+            except TimeoutError:
+                pass
         if slot.event.is_set():
             # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = anyio.Event()
+            slot.event = asyncio.Event()
             if self._backoff is not None:
                 self._backoff.reset()

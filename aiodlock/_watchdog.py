@@ -44,6 +44,7 @@ class Watchdog:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight = 0
+        self._session_bound = bool(client.backend.capabilities & Capability.SESSION_LEASE)
         #: When the loop wakes next by itself; an earlier event needs a poke.
         self._wake_at = math.inf
 
@@ -73,9 +74,7 @@ class Watchdog:
         self._expiries.clear()
 
     def _renews(self, hold: _Hold) -> bool:
-        if hold.fixed_ttl:
-            return False
-        return not self._client.backend.capabilities & Capability.SESSION_LEASE
+        return not hold.fixed_ttl and not self._session_bound
 
     def track(self, hold: _Hold) -> None:
         """Start watching a new hold."""
