@@ -1,0 +1,386 @@
+"""The lock-table design shared by the SQL backends (SQLite today, MySQL/MariaDB next).
+
+Data layout (two tables, names are the defaults)::
+
+    aiodlock_locks     one row per HELD name
+        namespace   text      \\  unique key: one holder per (namespace, name)
+        name        binary    /   the lock name as UTF-8 bytes, compared byte for byte
+        owner       text      the holder's owner string (client id + task)
+        token       integer   the fencing token of this holding
+        expires_at  integer   end of the lease, server time in microseconds
+        version     integer   bumped by every write of the row (optimistic take-over)
+
+    aiodlock_counters  one row per name EVER locked; never deleted, never reset
+        namespace, name       unique key
+        token       integer   the last fencing token handed out for the name
+
+Every operation is a short *script*: a generator that yields statements
+(:class:`Fetch` -> list of rows, :class:`Execute` -> affected row count) and returns the
+outcome.  The scripts hold the whole algorithm and know nothing about the driver, so the
+same logic runs synchronously inside one worker thread (stdlib ``sqlite3``, see
+:func:`run_script`) or on an async driver (``aiomysql``, see :func:`run_script_async`).
+What differs between databases is kept in a small :class:`Dialect` object: placeholders,
+the DDL, the counter upsert, how to read the server clock, row locking for reads inside a
+write transaction, and a bounded delete of expired rows.
+
+The caller runs each script in the transaction its docstring names:
+
+* *write* scripts (:meth:`LockTable.attempt`, ``renew``, ``release``, ``abandon``,
+  ``force_release``) in one write transaction that serialises writers of the same rows
+  (SQLite ``BEGIN IMMEDIATE``; InnoDB ``START TRANSACTION`` plus ``Dialect.for_update``);
+* *read* scripts (:meth:`LockTable.probe`, ``owns``, ``status``) outside any write
+  transaction.
+
+Time: expiries are stored in *server* time, i.e. whatever clock ``Dialect.now_sql`` reads,
+or the local wall clock (:func:`time.time`) when it is ``None`` (SQLite: every process
+sharing the file runs on the same host and reads the same clock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ._base import Busy
+
+__all__ = [
+    "Dialect",
+    "Execute",
+    "Fetch",
+    "Granted",
+    "Held",
+    "LockTable",
+    "Script",
+    "encode_name",
+    "run_script",
+    "run_script_async",
+]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fetch:
+    """A query; the script receives ``list[tuple]`` (every row)."""
+
+    sql: str
+    params: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Execute:
+    """A write; the script receives the number of rows it changed."""
+
+    sql: str
+    params: tuple[Any, ...]
+
+
+Statement = Fetch | Execute
+#: A generator that yields statements, receives their results and returns an outcome.
+Script = Generator[Statement, Any, T]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Granted:
+    """The name is ours with ``token`` (``refreshed``: we already held it, same token)."""
+
+    token: int
+    refreshed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """A live row, as :meth:`LockTable.status` reads it."""
+
+    owner: str
+    token: int
+    expires_in: float
+
+
+def encode_name(name: str) -> bytes:
+    """The stored form of a lock name: UTF-8, lone surrogates kept (any ``str`` is a name)."""
+    return name.encode("utf-8", "surrogatepass")
+
+
+def _micros(seconds: float) -> int:
+    return max(1, round(seconds * 1_000_000))
+
+
+def wall_clock_micros() -> int:
+    """The local wall clock in integer microseconds (the SQLite "server time")."""
+    return time.time_ns() // 1000
+
+
+class Dialect:
+    """What differs between SQL databases.  Subclass it; statements use ``?`` placeholders.
+
+    Keep it small: the algorithm lives in :class:`LockTable`, not here.
+    """
+
+    #: Short name, e.g. ``"sqlite"``.
+    name: str = "sql"
+    #: The driver's placeholder (``"?"`` qmark, ``"%s"`` format); ``?`` is rewritten to it.
+    placeholder: str = "?"
+    #: Appended to the row read inside a write transaction (``" FOR UPDATE"`` on InnoDB;
+    #: empty where the transaction already serialises writers, as SQLite's does).
+    for_update: str = ""
+    #: A query returning the server clock as integer microseconds since the epoch, or
+    #: ``None`` to use the local wall clock (:func:`time.time`).
+    now_sql: str | None = None
+    #: How many expired rows one grant deletes at most (keeps every write short).
+    sweep_limit: int = 64
+
+    def create_tables(self, locks: str, counters: str) -> list[str]:
+        """Idempotent DDL for both tables and the expiry index."""
+        raise NotImplementedError
+
+    def bump_counter(self, counters: str) -> str:
+        """Insert ``(namespace, name, 1)`` or add 1 to the existing row's ``token``.
+
+        Parameters: ``(namespace, name)``.
+        """
+        raise NotImplementedError
+
+    def sweep_expired(self, locks: str) -> str:
+        """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?`` (any namespace).
+
+        Parameters: ``(now,)``.
+        """
+        raise NotImplementedError
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class LockTable:
+    """The lock-table algorithm for one namespace, as driver-agnostic scripts.
+
+    Invariants the scripts keep (the unique key does the rest):
+
+    * a token is taken from the name's counter row in the SAME transaction as the grant,
+      so a grant and its token commit or vanish together, and the counter (never reset,
+      never deleted) makes tokens strictly increase across processes and restarts;
+    * an EXPIRED row is taken over with ``UPDATE ... WHERE version = ?``: if anybody
+      wrote the row since we read it, nothing changes and the attempt reports busy;
+    * an attempt by the row's own owner on a live row is idempotent: same token, new
+      expiry (a retried attempt whose reply was lost must not count twice);
+    * an expired row counts as free everywhere: it is never renewed, it is not reported
+      by :meth:`status`, and releasing it reports ``False``.
+    """
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        namespace: str,
+        *,
+        locks: str = "aiodlock_locks",
+        counters: str = "aiodlock_counters",
+    ) -> None:
+        for table in (locks, counters):
+            if not _IDENT.match(table):
+                raise ValueError(f"bad SQL table name {table!r}")
+        self.dialect = dialect
+        self.namespace = namespace
+        self.locks = locks
+        self.counters = counters
+        q = self._render
+        cols = "owner, token, expires_at, version"
+        key = "namespace = ? AND name = ?"
+        self._select = q(f"SELECT {cols} FROM {locks} WHERE {key}")
+        self._select_for_update = q(f"SELECT {cols} FROM {locks} WHERE {key}{dialect.for_update}")
+        self._insert = q(
+            f"INSERT INTO {locks} (namespace, name, owner, token, expires_at, version) "
+            f"VALUES (?, ?, ?, ?, ?, 1)"
+        )
+        self._take_over = q(
+            f"UPDATE {locks} SET owner = ?, token = ?, expires_at = ?, version = version + 1 "
+            f"WHERE {key} AND version = ?"
+        )
+        self._refresh = q(
+            f"UPDATE {locks} SET expires_at = ?, version = version + 1 "
+            f"WHERE {key} AND owner = ? AND token = ? AND version = ?"
+        )
+        self._renew = q(
+            f"UPDATE {locks} SET expires_at = ?, version = version + 1 "
+            f"WHERE {key} AND owner = ? AND token = ? AND expires_at > ?"
+        )
+        self._delete_held = q(f"DELETE FROM {locks} WHERE {key} AND owner = ? AND token = ?")
+        self._delete_owner = q(f"DELETE FROM {locks} WHERE {key} AND owner = ?")
+        self._delete_live = q(f"DELETE FROM {locks} WHERE {key} AND expires_at > ?")
+        self._delete_any = q(f"DELETE FROM {locks} WHERE {key}")
+        self._bump = q(dialect.bump_counter(counters))
+        self._read_counter = q(f"SELECT token FROM {counters} WHERE {key}")
+        self._sweep = q(dialect.sweep_expired(locks))
+        self._now = q(dialect.now_sql) if dialect.now_sql else None
+
+    def _render(self, sql: str) -> str:
+        placeholder = self.dialect.placeholder
+        return sql if placeholder == "?" else sql.replace("?", placeholder)
+
+    def schema(self) -> list[str]:
+        """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
+        return [self._render(s) for s in self.dialect.create_tables(self.locks, self.counters)]
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def now(self) -> Script[int]:
+        """Server time in microseconds."""
+        if self._now is None:
+            return wall_clock_micros()
+        rows = yield Fetch(self._now, ())
+        return int(rows[0][0])
+
+    def _next_token(self, key: bytes) -> Script[int]:
+        yield Execute(self._bump, (self.namespace, key))
+        rows = yield Fetch(self._read_counter, (self.namespace, key))
+        return int(rows[0][0])
+
+    # -- scripts ------------------------------------------------------------------------
+
+    def probe(self, name: str, owner: str) -> Script[Busy | None]:
+        """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None``.
+
+        Lets a poller find out without taking the database's write lock (in WAL mode a
+        read never blocks and is never blocked); only a ``None`` is worth an
+        :meth:`attempt`.
+        """
+        now = yield from self.now()
+        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        if rows:
+            holder, _token, expires_at, _version = rows[0]
+            if expires_at > now and holder != owner:
+                return Busy((expires_at - now) / 1e6)
+        return None
+
+    def attempt(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy]:
+        """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds."""
+        ns, key = self.namespace, encode_name(name)
+        now = yield from self.now()
+        expires_at = now + _micros(ttl)
+        rows = yield Fetch(self._select_for_update, (ns, key))
+        if not rows:
+            token = yield from self._next_token(key)
+            inserted = yield Execute(self._insert, (ns, key, owner, token, expires_at))
+            if inserted != 1:  # pragma: no cover - only a dialect with INSERT IGNORE
+                return Busy(None)
+            yield from self._sweep_expired(now)
+            return Granted(token)
+        holder, holder_token, holder_expires, version = rows[0]
+        if holder_expires > now:
+            if holder != owner:
+                return Busy((holder_expires - now) / 1e6)
+            changed = yield Execute(
+                self._refresh, (expires_at, ns, key, owner, holder_token, version)
+            )
+            if changed != 1:  # pragma: no cover - the row changed under a weaker isolation
+                return Busy(None)
+            return Granted(int(holder_token), refreshed=True)
+        # Expired (even if it was ours: a new holding after a gap gets a new token).
+        token = yield from self._next_token(key)
+        changed = yield Execute(self._take_over, (owner, token, expires_at, ns, key, version))
+        if changed != 1:  # pragma: no cover - someone else won the optimistic take-over
+            return Busy(None)
+        yield from self._sweep_expired(now)
+        return Granted(token)
+
+    def _sweep_expired(self, now: int) -> Script[None]:
+        # Rows of holders that died are taken over lazily by the next attempt on the same
+        # name; this keeps the table from filling up with names nobody asks for again.
+        yield Execute(self._sweep, (now,))
+
+    def renew(self, items: Sequence[tuple[str, str, int]], ttl: float) -> Script[list[bool]]:
+        """WRITE: extend every live ``(name, owner, token)`` to now + ``ttl``; True per renewal."""
+        now = yield from self.now()
+        expires_at = now + _micros(ttl)
+        results: list[bool] = []
+        for name, owner, token in items:
+            changed = yield Execute(
+                self._renew, (expires_at, self.namespace, encode_name(name), owner, token, now)
+            )
+            results.append(changed == 1)
+        return results
+
+    def release(self, name: str, owner: str, token: int) -> Script[bool]:
+        """WRITE: compare-and-delete; True if the row was ours AND still live."""
+        ns, key = self.namespace, encode_name(name)
+        now = yield from self.now()
+        rows = yield Fetch(self._select_for_update, (ns, key))
+        if not rows:
+            return False
+        holder, holder_token, holder_expires, _version = rows[0]
+        if holder != owner or holder_token != token:
+            return False
+        yield Execute(self._delete_held, (ns, key, owner, token))
+        return bool(holder_expires > now)
+
+    def owns(self, name: str, owner: str) -> Script[bool]:
+        """READ: does ``owner`` have a row for ``name`` (live or expired)?
+
+        Lets :meth:`abandon` skip the write lock in the common case where the interrupted
+        attempt had not been granted (and so stay quick while the database is busy).
+        """
+        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        return bool(rows) and rows[0][0] == owner
+
+    def abandon(self, name: str, owner: str) -> Script[bool]:
+        """WRITE: delete ``name``'s row if ``owner`` holds it (any token); True if deleted."""
+        deleted = yield Execute(self._delete_owner, (self.namespace, encode_name(name), owner))
+        return bool(deleted)
+
+    def force_release(self, name: str) -> Script[bool]:
+        """WRITE: delete ``name``'s row whoever holds it; True if a LIVE row was deleted."""
+        ns, key = self.namespace, encode_name(name)
+        now = yield from self.now()
+        live = yield Execute(self._delete_live, (ns, key, now))
+        yield Execute(self._delete_any, (ns, key))
+        return bool(live)
+
+    def status(self, name: str) -> Script[Held | None]:
+        """READ: the live holder of ``name`` or ``None`` (an expired row counts as free)."""
+        now = yield from self.now()
+        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        if not rows:
+            return None
+        owner, token, expires_at, _version = rows[0]
+        if expires_at <= now:
+            return None
+        return Held(str(owner), int(token), (expires_at - now) / 1e6)
+
+
+class _SyncCursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: Script[T]) -> T:
+    """Drive ``script`` on a DB-API style ``execute(sql, params) -> cursor`` (blocking)."""
+    result: Any = None
+    while True:
+        try:
+            statement = script.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        cursor = execute(statement.sql, statement.params)
+        result = cursor.fetchall() if isinstance(statement, Fetch) else cursor.rowcount
+
+
+async def run_script_async(
+    execute: Callable[[str, tuple[Any, ...]], Awaitable[tuple[int, list[Any]]]],
+    script: Script[T],
+) -> T:
+    """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)``."""
+    result: Any = None
+    while True:
+        try:
+            statement = script.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        rowcount, rows = await execute(statement.sql, statement.params)
+        result = rows if isinstance(statement, Fetch) else rowcount

@@ -1,0 +1,506 @@
+"""``sqlite:///path``: locks shared by every process of one host through one SQLite file.
+
+The embedded default of :func:`aiodlock.connect`.  The algorithm is the lock table of
+:mod:`aiodlock.backends._sql` (a row per held name, a version column for the optimistic
+take-over of an expired row, a never-reset counter per name for fencing tokens); this
+module adds the SQLite dialect, the connection handling and the local wake-ups:
+
+* stdlib :mod:`sqlite3`, one connection per backend instance, used by one worker thread
+  at a time (``anyio.to_thread``), in WAL mode; every write is a ``BEGIN IMMEDIATE``
+  transaction, so an attempt is atomic across processes;
+* a waiter polls with capped exponential backoff and jitter (nothing tells another process
+  that a row was deleted), and a release made in THIS process wakes one local waiter at
+  once through a :class:`~aiodlock._waiting.WakeupBoard` shared by every backend of the
+  event loop that opened the same database file.
+
+See ``docs/backends/sqlite.md`` for the guarantees and the failure modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Self, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
+from .._lease import LockStatus
+from .._url import ParsedURL, take_float, take_str
+from .._waiting import Backoff, BoardWaiter, WakeupBoard
+from ._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ._sql import Dialect, Granted, LockTable, Script, run_script
+
+__all__ = ["SQLiteBackend", "SQLiteDialect"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("aiodlock")
+
+#: How long SQLite's own busy handler waits before our retry loop looks at the deadline
+#: and at cancellation again (``sqlite3.interrupt()`` does not stop a busy wait).
+_BUSY_SLICE = 0.05
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    placeholder = "?"
+    for_update = ""  # BEGIN IMMEDIATE already holds the database's single write lock
+    now_sql = None  # every process on the file shares the host's wall clock
+
+    def create_tables(self, locks: str, counters: str) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {locks} ("
+            " namespace TEXT NOT NULL,"
+            " name BLOB NOT NULL,"
+            " owner TEXT NOT NULL,"
+            " token INTEGER NOT NULL,"
+            " expires_at INTEGER NOT NULL,"
+            " version INTEGER NOT NULL,"
+            " PRIMARY KEY (namespace, name))",
+            f"CREATE INDEX IF NOT EXISTS {locks}_expiry ON {locks} (expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {counters} ("
+            " namespace TEXT NOT NULL,"
+            " name BLOB NOT NULL,"
+            " token INTEGER NOT NULL,"
+            " PRIMARY KEY (namespace, name))",
+        ]
+
+    def bump_counter(self, counters: str) -> str:
+        return (
+            f"INSERT INTO {counters} (namespace, name, token) VALUES (?, ?, 1) "
+            f"ON CONFLICT (namespace, name) DO UPDATE SET token = token + 1"
+        )
+
+    def sweep_expired(self, locks: str) -> str:
+        # DELETE ... LIMIT needs a compile-time option; go through the rowid instead.
+        return (
+            f"DELETE FROM {locks} WHERE rowid IN "
+            f"(SELECT rowid FROM {locks} WHERE expires_at < ? LIMIT {int(self.sweep_limit)})"
+        )
+
+
+SQLITE = SQLiteDialect()
+
+
+# -- the local wake-up boards --------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Shared:
+    board: WakeupBoard
+    users: int = 0
+
+
+# NOTE: the one deliberate piece of process-wide state of this backend (like the memory
+# backend's spaces): every backend of one event loop that opened the same database file
+# (same device and inode) shares one WakeupBoard, so a release by one client of the process
+# wakes a waiter of another client at once instead of at its next poll.  Entries are
+# reference-counted by open backends and vanish with their event loop.
+_BOARDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int], _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _join_board(file_id: tuple[int, int]) -> WakeupBoard:
+    boards = _BOARDS.setdefault(asyncio.get_running_loop(), {})
+    shared = boards.get(file_id)
+    if shared is None:
+        shared = boards[file_id] = _Shared(WakeupBoard())
+    shared.users += 1
+    return shared.board
+
+
+def _leave_board(loop: asyncio.AbstractEventLoop, file_id: tuple[int, int]) -> None:
+    boards = _BOARDS.get(loop)
+    if boards is None:
+        return
+    shared = boards.get(file_id)
+    if shared is not None:
+        shared.users -= 1
+        if shared.users <= 0:
+            del boards[file_id]
+
+
+# -- the connection ---------------------------------------------------------------------------
+
+
+class _Abandoned(Exception):
+    """A job whose caller gave up before it started; it never touches the database."""
+
+
+class _Job:
+    """One call on the connection, run by a worker thread."""
+
+    __slots__ = ("cancelled", "deadline", "fn")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection, _Job], Any], deadline: float) -> None:
+        self.fn = fn
+        self.deadline = deadline
+        # Set from the event loop when the caller gives up (cancelled, op_timeout).
+        self.cancelled = False
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def _transaction(
+    make_script: Callable[[], Script[T]], *, write: bool
+) -> Callable[[sqlite3.Connection, _Job], T]:
+    """A job body running a script in one transaction, retried while the database is busy.
+
+    A script that failed with SQLITE_BUSY has not committed (a busy COMMIT leaves the
+    transaction open and we roll it back), so running it again is safe.
+    """
+
+    def body(conn: sqlite3.Connection, job: _Job) -> T:
+        while True:
+            try:
+                if write:
+                    conn.execute("BEGIN IMMEDIATE")
+                result = run_script(conn.execute, make_script())
+                if write:
+                    conn.execute("COMMIT")
+                return result
+            except sqlite3.OperationalError as exc:
+                _rollback(conn)
+                if not _is_busy(exc) or job.cancelled or monotonic() >= job.deadline:
+                    raise
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    return body
+
+
+class SQLiteBackend(Backend):
+    """Locks in one SQLite file shared by the processes of one host."""
+
+    backend_name = "sqlite"
+    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+
+    def __init__(
+        self,
+        path: str,
+        config: CommonConfig,
+        *,
+        busy_timeout: float | None = None,
+        poll_min: float = 0.005,
+        poll_max: float = 0.1,
+        synchronous: str = "full",
+    ) -> None:
+        if synchronous.lower() not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"option 'synchronous' must be one of {', '.join(_SYNCHRONOUS)}, "
+                f"got {synchronous!r}"
+            )
+        if not 0 < poll_min <= poll_max:
+            raise ConfigurationError(
+                f"options 'poll_min' and 'poll_max' need 0 < poll_min <= poll_max, "
+                f"got {poll_min} and {poll_max}"
+            )
+        self.path = os.path.abspath(path)
+        self.config = config
+        #: Seconds a call waits for another connection's write lock before BackendTimeout.
+        self.busy_timeout = min(busy_timeout or config.op_timeout, config.op_timeout)
+        self.poll_min = poll_min
+        self.poll_max = poll_max
+        self.synchronous = synchronous.lower()
+        self.table = LockTable(SQLITE, config.namespace)
+        self._conn: sqlite3.Connection | None = None
+        # Guards the connection across worker threads (one thread uses it at a time).
+        self._thread_lock = threading.Lock()
+        self._gate: anyio.Lock | None = None
+        self._board: WakeupBoard | None = None
+        self._board_key: tuple[asyncio.AbstractEventLoop, tuple[int, int]] | None = None
+
+    # -- configuration -----------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        if url.hosts or url.username is not None or url.password is not None:
+            raise ConfigurationError(
+                "a sqlite URL has no host: use 'sqlite:///relative/path.db' or "
+                "'sqlite:////absolute/path.db' (three slashes, then the path)"
+            )
+        # "sqlite:///x.db" -> "x.db" (relative to the current directory),
+        # "sqlite:////abs/x.db" -> "/abs/x.db" (as in SQLAlchemy).
+        path = url.path[1:] if url.path.startswith("/") else url.path
+        if not path or path.endswith("/"):
+            raise ConfigurationError(
+                "a sqlite URL needs a file path: 'sqlite:///relative/path.db' or "
+                "'sqlite:////absolute/path.db'"
+            )
+        if path == ":memory:":
+            raise ConfigurationError(
+                "sqlite:///:memory: cannot be shared: an in-memory database is private to "
+                "one connection; use 'memory://' for locks inside one process, or a file path"
+            )
+        if path.startswith("file:"):
+            raise ConfigurationError(
+                "SQLite URI filenames ('file:...') are not supported in a sqlite URL; "
+                "give a file path: 'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db'"
+            )
+        busy_timeout = take_float(options, "busy_timeout", None, allow_zero=False)
+        poll_min = take_float(options, "poll_min", 0.005, allow_zero=False)
+        poll_max = take_float(options, "poll_max", 0.1, allow_zero=False)
+        synchronous = take_str(options, "synchronous", "full")
+        assert poll_min is not None
+        assert poll_max is not None
+        assert synchronous is not None
+        return cls(
+            path,
+            config,
+            busy_timeout=busy_timeout,
+            poll_min=poll_min,
+            poll_max=poll_max,
+            synchronous=synchronous,
+        )
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    # -- the connection ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        """The one place sqlite3's exceptions become BackendError / BackendTimeout."""
+        with translating(self.backend_name, (sqlite3.Error,), what=what):
+            try:
+                yield
+            except sqlite3.Error as exc:
+                if _is_busy(exc):
+                    raise BackendTimeout(
+                        f"sqlite: {what} timed out: the database stayed locked by another "
+                        f"connection for {self.busy_timeout:g} s (busy_timeout)"
+                    ) from exc
+                raise
+
+    def _work(self, job: _Job) -> Any:
+        # Runs in a worker thread.
+        with self._thread_lock:
+            if job.cancelled:
+                raise _Abandoned
+            conn = self._conn
+            if conn is None:
+                raise sqlite3.ProgrammingError("the backend is closed")
+            return job.fn(conn, job)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection, _Job], T], what: str) -> T:
+        """Run ``fn(conn, job)`` in a worker thread, bounded by ``op_timeout``.
+
+        Calls of one backend run one after another (``_gate``).  A caller that is cancelled
+        or times out does not wait for the thread: the job is marked so that it never
+        starts if it has not, and a job already running keeps ``_thread_lock`` until it
+        ends, so every later call (e.g. the core's ``abandon`` after a cancelled attempt)
+        still sees its effects in order.
+        """
+        if self._gate is None:
+            raise BackendError("sqlite: the backend is not open")
+        with self._translate(what), anyio.fail_after(self.config.op_timeout):
+            async with self._gate:
+                job = _Job(fn, monotonic() + self.busy_timeout)
+                try:
+                    result: T = await anyio.to_thread.run_sync(
+                        self._work, job, abandon_on_cancel=True
+                    )
+                except BaseException:
+                    job.cancelled = True
+                    raise
+                return result
+
+    async def _write(self, make_script: Callable[[], Script[T]], what: str) -> T:
+        return await self._call(_transaction(make_script, write=True), what)
+
+    async def _read(self, make_script: Callable[[], Script[T]], what: str) -> T:
+        return await self._call(_transaction(make_script, write=False), what)
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path,
+            timeout=_BUSY_SLICE,
+            isolation_level=None,  # autocommit: we issue BEGIN IMMEDIATE / COMMIT ourselves
+            check_same_thread=False,  # used by one worker thread at a time (_thread_lock)
+        )
+        try:
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _setup(self, conn: sqlite3.Connection, job: _Job) -> tuple[str, tuple[int, int]]:
+        while True:
+            try:
+                # WAL: readers (polls, status) never block the writer and vice versa.
+                # Persistent in the file; changing it needs a moment of exclusive access,
+                # hence the busy retry when several processes open a new file at once.
+                mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in self.table.schema():
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+                break
+            except sqlite3.OperationalError as exc:
+                _rollback(conn)
+                if not _is_busy(exc) or job.cancelled or monotonic() >= job.deadline:
+                    raise
+        st = os.stat(self.path)
+        return mode.lower(), (st.st_dev, st.st_ino)
+
+    async def open(self, on_lost: LostCallback) -> None:
+        if self._conn is not None:
+            return
+        with self._translate("open"):
+            conn = await anyio.to_thread.run_sync(self._connect)
+        self._conn = conn
+        self._gate = anyio.Lock()
+        mode, file_id = await self._call(self._setup, "open")
+        if mode != "wal":
+            # Still correct (BEGIN IMMEDIATE serialises writers), but polls now block writers.
+            log.warning(
+                "aiodlock: %s is in journal mode %r, not WAL (unsupported file system?)",
+                self.describe(),
+                mode,
+            )
+        self._board = _join_board(file_id)
+        self._board_key = (asyncio.get_running_loop(), file_id)
+
+    async def aclose(self) -> None:
+        if self._board_key is not None:
+            _leave_board(*self._board_key)
+            self._board_key = None
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+
+        def close() -> None:
+            with self._thread_lock:  # after any job still running on it
+                conn.close()
+
+        with self._translate("close"):
+            await anyio.to_thread.run_sync(close, abandon_on_cancel=True)
+
+    # -- local wake-ups -------------------------------------------------------------------
+
+    @property
+    def board(self) -> WakeupBoard | None:
+        """The local waiters of this database file (shared by this loop's backends)."""
+        return self._board
+
+    def board_key(self, name: str) -> str:
+        """The key of ``name`` on :attr:`board`."""
+        # The namespace cannot contain NUL, so this is unambiguous.
+        return f"{self.config.namespace}\0{name}"
+
+    def _wake_one(self, name: str) -> None:
+        if self._board is not None:
+            self._board.wake_one(self.board_key(name))
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        return self._waiter(request)
+
+    @contextlib.asynccontextmanager
+    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
+        backoff = Backoff(first=self.poll_min, cap=self.poll_max)
+        board = self._board or WakeupBoard()
+        async with BoardWaiter.context(board, self.board_key(request.name), backoff) as w:
+            yield w
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def _attempt(self, request: Request) -> Callable[[sqlite3.Connection, _Job], Granted | Busy]:
+        probe = _transaction(lambda: self.table.probe(request.name, request.owner), write=False)
+        attempt = _transaction(
+            lambda: self.table.attempt(request.name, request.owner, request.ttl), write=True
+        )
+
+        def body(conn: sqlite3.Connection, job: _Job) -> Granted | Busy:
+            # A read first: a poll that finds a live holder costs no write lock.
+            busy = probe(conn, job)
+            if busy is not None:
+                return busy
+            return attempt(conn, job)
+
+        return body
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        started = monotonic()
+        outcome = await self._call(self._attempt(request), "acquire")
+        if isinstance(outcome, Busy):
+            return outcome
+        return Grant(request.name, request.owner, outcome.token, started + request.ttl)
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        if not grants:
+            return []
+        items = [(g.name, g.owner, g.token) for g in grants]
+        started = monotonic()
+        renewed = await self._write(lambda: self.table.renew(items, ttl), "renew")
+        return [started + ttl if ok else None for ok in renewed]
+
+    async def release(self, grant: Grant) -> bool:
+        released = await self._write(
+            lambda: self.table.release(grant.name, grant.owner, grant.token), "release"
+        )
+        # Wake a local waiter even if the row had expired: the name is free now.
+        self._wake_one(grant.name)
+        return released
+
+    def _abandon(self, request: Request) -> Callable[[sqlite3.Connection, _Job], bool]:
+        owns = _transaction(lambda: self.table.owns(request.name, request.owner), write=False)
+        abandon = _transaction(lambda: self.table.abandon(request.name, request.owner), write=True)
+
+        def body(conn: sqlite3.Connection, job: _Job) -> bool:
+            # NOTE: the interrupted call ran (or never started) before this job: it held
+            # _thread_lock.  A read first, so that an attempt that had not been granted
+            # costs no write lock (a cancelled waiter on a busy database leaves at once).
+            return owns(conn, job) and abandon(conn, job)
+
+        return body
+
+    async def abandon(self, request: Request) -> None:
+        if await self._call(self._abandon(request), "abandon"):
+            self._wake_one(request.name)
+
+    async def status(self, name: str) -> LockStatus | None:
+        held = await self._read(lambda: self.table.status(name), "status")
+        if held is None:
+            return None
+        return LockStatus(name, held.owner, held.token, held.expires_in)
+
+    async def force_release(self, name: str) -> bool:
+        released = await self._write(lambda: self.table.force_release(name), "force_release")
+        self._wake_one(name)
+        return released

@@ -1,0 +1,55 @@
+"""Fixtures for the SQLite backend tests: a fresh database file per test, clients on it."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiodlock
+
+from .sqlite_helpers import ClientFactory
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "locks.db"
+
+
+@pytest.fixture
+def db_url(db_path: Path) -> str:
+    return f"sqlite:///{db_path}"
+
+
+@pytest.fixture
+async def make_client(db_url: str) -> AsyncIterator[ClientFactory]:
+    """``await make_client(**options)``: an open client on the test's database file."""
+    clients: list[aiodlock.Client] = []
+
+    async def make(url: str | None = None, **options: Any) -> aiodlock.Client:
+        client = aiodlock.connect(url or db_url, **options)
+        await client.open()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in reversed(clients):
+        await client.close()
+
+
+@pytest.fixture
+def raw_db(db_path: Path) -> Iterator[Callable[[], sqlite3.Connection]]:
+    """A plain sqlite3 connection on the test's file, to look at the tables."""
+    conns: list[sqlite3.Connection] = []
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(db_path, isolation_level=None, timeout=10)
+        conns.append(conn)
+        return conn
+
+    yield connect
+    for conn in conns:
+        conn.close()

@@ -1,0 +1,153 @@
+"""The driver-agnostic lock-table scripts of ``aiodlock.backends._sql``.
+
+They run here on stdlib sqlite3, once through the blocking driver loop and once through
+the async one (which the MySQL backend uses), and the dialect hooks are checked.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiodlock.backends._base import Busy
+from aiodlock.backends._sql import (
+    Dialect,
+    Granted,
+    Held,
+    LockTable,
+    Script,
+    encode_name,
+    run_script,
+    run_script_async,
+)
+from aiodlock.backends.sqlite import SQLITE
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Any:
+    conn = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    table = LockTable(SQLITE, "ns")
+    for statement in table.schema():
+        conn.execute(statement)
+    yield conn
+    conn.close()
+
+
+def run(conn: sqlite3.Connection, script: Script[Any]) -> Any:
+    conn.execute("BEGIN IMMEDIATE")
+    result = run_script(conn.execute, script)
+    conn.execute("COMMIT")
+    return result
+
+
+async def run_async(conn: sqlite3.Connection, script: Script[Any]) -> Any:
+    async def execute(sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
+        cursor = conn.execute(sql, params)
+        return cursor.rowcount, cursor.fetchall()
+
+    return await run_script_async(execute, script)
+
+
+def test_the_whole_cycle_through_the_blocking_driver(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    assert run(conn, table.probe("n", "a")) is None
+    assert run(conn, table.attempt("n", "a", 10)) == Granted(1)
+    assert run(conn, table.attempt("n", "a", 10)) == Granted(1, refreshed=True)
+    busy = run(conn, table.probe("n", "b"))
+    assert isinstance(busy, Busy)
+    assert busy.retry_after is not None
+    assert 9 < busy.retry_after <= 10
+    assert isinstance(run(conn, table.attempt("n", "b", 10)), Busy)
+    held = run(conn, table.status("n"))
+    assert isinstance(held, Held)
+    assert (held.owner, held.token) == ("a", 1)
+    assert run(conn, table.renew([("n", "a", 1), ("n", "b", 1), ("n", "a", 2)], 20)) == [
+        True,
+        False,
+        False,
+    ]
+    assert run(conn, table.release("n", "a", 2)) is False
+    assert run(conn, table.release("n", "a", 1)) is True
+    assert run(conn, table.status("n")) is None
+    assert run(conn, table.attempt("n", "b", 10)) == Granted(2)
+    assert run(conn, table.abandon("n", "a")) is False
+    assert run(conn, table.force_release("n")) is True
+    assert run(conn, table.force_release("n")) is False
+
+
+async def test_the_same_scripts_through_the_async_driver(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    assert await run_async(conn, table.attempt("n", "a", 10)) == Granted(1)
+    assert isinstance(await run_async(conn, table.attempt("n", "b", 10)), Busy)
+    assert await run_async(conn, table.renew([("n", "a", 1)], 5)) == [True]
+    assert await run_async(conn, table.abandon("n", "a")) is True
+    assert await run_async(conn, table.attempt("n", "b", 10)) == Granted(2)
+
+
+def test_rows_of_other_namespaces_are_untouched(conn: sqlite3.Connection) -> None:
+    a, b = LockTable(SQLITE, "a"), LockTable(SQLITE, "b")
+    assert run(conn, a.attempt("n", "x", 10)) == Granted(1)
+    assert run(conn, b.attempt("n", "y", 10)) == Granted(1)
+    assert run(conn, b.force_release("n")) is True
+    held = run(conn, a.status("n"))
+    assert isinstance(held, Held)
+    assert (held.owner, held.token) == ("x", 1)
+    assert 9 < held.expires_in <= 10
+
+
+def test_names_are_stored_as_exact_bytes() -> None:
+    assert encode_name("a\x00b") == b"a\x00b"
+    assert encode_name("\ud800") == b"\xed\xa0\x80"
+    assert encode_name("Key") != encode_name("key")
+
+
+class _FormatDialect(Dialect):
+    """A dialect like MySQL's: %s placeholders, row locks, a server clock."""
+
+    name = "fmt"
+    placeholder = "%s"
+    for_update = " FOR UPDATE"
+    now_sql = "SELECT server_micros()"
+
+    def create_tables(self, locks: str, counters: str) -> list[str]:
+        return [f"CREATE TABLE {locks} (x)", f"CREATE TABLE {counters} (y)"]
+
+    def bump_counter(self, counters: str) -> str:
+        return f"INSERT INTO {counters} VALUES (?, ?, 1) ON DUPLICATE KEY UPDATE token = token + 1"
+
+    def sweep_expired(self, locks: str) -> str:
+        return f"DELETE FROM {locks} WHERE expires_at < ? LIMIT {self.sweep_limit}"
+
+
+def test_a_second_dialect_shapes_every_statement() -> None:
+    table = LockTable(_FormatDialect(), "ns", locks="my_locks", counters="my_counters")
+    script = table.attempt("n", "a", 1.5)
+    first = script.send(None)
+    assert first.sql == "SELECT server_micros()"  # the server clock, not the local one
+    select = script.send([(1_000_000,)])
+    assert select.sql.endswith(" FOR UPDATE")
+    assert "%s" in select.sql
+    assert "?" not in select.sql
+    assert select.params == ("ns", b"n")
+    bump = script.send([])  # no row: a new grant
+    assert bump.sql.startswith("INSERT INTO my_counters")
+    assert "?" not in bump.sql
+    read = script.send(1)
+    assert read.params == ("ns", b"n")
+    insert = script.send([(7,)])
+    assert insert.params == ("ns", b"n", "a", 7, 2_500_000)
+    sweep = script.send(1)
+    assert sweep.sql == "DELETE FROM my_locks WHERE expires_at < %s LIMIT 64"
+    assert sweep.params == (1_000_000,)
+    with pytest.raises(StopIteration) as done:
+        script.send(0)
+    assert done.value.value == Granted(7)
+    assert table.schema() == ["CREATE TABLE my_locks (x)", "CREATE TABLE my_counters (y)"]
+
+
+def test_table_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="table name"):
+        LockTable(SQLITE, "ns", locks="locks; DROP TABLE x")
