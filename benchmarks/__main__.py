@@ -1,0 +1,3 @@
+from benchmarks.runner import main
+
+raise SystemExit(main())
