@@ -494,6 +494,14 @@ class Client:
             waited = monotonic() - started
             notify(self._observers, "on_timeout", name, owner, waited)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
+        if self._state != "open":
+            # The client was closed while this task waited: give the grant back.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                try:
+                    await backend.release(grant)
+                except Exception:
+                    log.debug("aiodlock: release after close failed", exc_info=True)
+            raise LockError(f"the client was closed while acquiring {name!r}")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
         hold = _Hold(self, grant, lease_ttl, ttl is not None, on_lost, task)

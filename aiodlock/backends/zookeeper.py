@@ -1,0 +1,1689 @@
+"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): ephemeral sequential nodes.
+
+The algorithm (Curator's InterProcessMutex / kazoo's Lock, see docs/backends/zookeeper.md):
+
+* the lock ``name`` is the node ``{chroot}/{namespace}/locks/{escaped name}`` (a container
+  node: the server deletes it once its last child is gone);
+* each acquire creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}``;
+  the create and a listing of the children go out back to back (one round trip; the
+  server runs one session's requests in order, so the listing sees the new node);
+* the child with the lowest sequence number holds the lock; every other one sets a watch
+  on its immediate predecessor only (no herd) and, when that fires, lists again;
+* the owner and a per-attempt id in the child's name let a client find its own node when
+  the reply to a create was lost with the connection (protection mode), and let
+  :meth:`ZooKeeperBackend.abandon` delete it after a cancellation;
+* the fencing token is the child's ``czxid`` (the zxid of its creation: it increases
+  across the whole ensemble, so it also increases when the parent was deleted and made
+  again, which resets sequence numbers);
+* the lease is the client's ONE ZooKeeper session; its nodes vanish when it ends.  The
+  backend tracks the session itself (aiozk does not report its loss) and reports lost
+  leases through the core's callback.
+
+The first half of this module is the session machinery (aiozk's ``Session`` is not used:
+see :class:`_Session` for why); the second half is the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import enum
+import functools
+import logging
+import random
+import re
+import secrets as _secrets
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Self
+from urllib.parse import quote, unquote, unquote_to_bytes
+
+from aiozk import ACL, exc, protocol
+from aiozk.connection import Connection
+
+from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
+from .._lease import LockStatus
+from .._url import ParsedURL, take_float, take_str
+from ._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    monotonic,
+)
+
+__all__ = ["ZooKeeperBackend", "ZooKeeperStats"]
+
+log = logging.getLogger("aiodlock.zookeeper")
+
+DEFAULT_PORT = 2181
+
+# =========================================================================================
+# The session
+# =========================================================================================
+
+#: ZooKeeper's createContainer opcode (aiozk has no request class for it); its reply has
+#: the layout of a create2 reply.
+OP_CREATE_CONTAINER = 19
+EVENT_DELETED: int = protocol.WatchEvent.DELETED
+EVENT_DATA_CHANGED: int = protocol.WatchEvent.DATA_CHANGED
+#: SetWatches requests are split so that one packet stays far below jute.maxbuffer.
+SET_WATCHES_CHUNK = 128 * 1024
+#: xid, zxid, error code: the header of every reply.
+_REPLY_HEADER = struct.Struct("!iqi")
+
+
+class _CreateContainerRequest(protocol.Create2Request):  # type: ignore[misc]
+    """``createContainer``: a node the server deletes once its last child is gone."""
+
+    opcode = OP_CREATE_CONTAINER
+
+
+class Disconnected(exc.ZKError):  # type: ignore[misc]
+    """The request could not be sent, or its reply was lost with the connection.
+
+    The server may or may not have applied a write that raised this.
+    """
+
+    def __str__(self) -> str:
+        return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
+
+
+class SessionEvent(enum.Enum):
+    #: The connection is gone; the session lives on in the server for a while.
+    SUSPENDED = "suspended"
+    #: Connected again to the same session (its ephemeral nodes and watches are kept).
+    RESUMED = "resumed"
+    #: Nothing was heard from the server for a whole session timeout: the session may
+    #: have expired there (the client cannot know), so whatever it held counts as lost.
+    PRESUMED_EXPIRED = "presumed_expired"
+    #: The server said the session is gone (its ephemeral nodes are deleted).
+    EXPIRED = "expired"
+    #: A new session was established (the first one, or one after an expiry).
+    NEW_SESSION = "new_session"
+
+
+#: ``(event, session_id)``, called synchronously on every state change.
+EventCallback = Callable[[SessionEvent, int], None]
+#: Called with the event type (deleted / data changed) when a data watch fires.
+WatchCallback = Callable[[int], None]
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a future's exception so that asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _hex(session_id: int) -> str:
+    return f"0x{session_id & 0xFFFFFFFFFFFFFFFF:x}"
+
+
+class _Connection(Connection):  # type: ignore[misc]
+    """aiozk's connection with a leaner reader, batched writes and reply timing.
+
+    Kept from aiozk: the connect handshake, ``send`` (pings, auth) and the bookkeeping of
+    pending requests.  The reader notices the connection's death at once.
+    """
+
+    def __init__(self, host: str, port: int, session: _Session) -> None:
+        super().__init__(host, port, session._dispatch, session.op_timeout)
+        self.dead = asyncio.Event()
+        now = monotonic()
+        self.last_received = now
+        self.last_sent = now
+        #: Send time of the latest request the server answered: the server restarted the
+        #: session's expiry timer at or after this moment.
+        self.confirmed_at = 0.0
+        self._sent: dict[int, float] = {}
+        self._pings: collections.deque[float] = collections.deque()
+
+    def send(self, request: Any, xid: int | None = None) -> asyncio.Future[Any]:
+        now = monotonic()
+        self.last_sent = now
+        fut: asyncio.Future[Any] = super().send(request, xid)
+        fut.add_done_callback(_consume)
+        if request.special_xid == protocol.PING_XID:
+            self._pings.append(now)
+        elif request.special_xid is None and xid is not None:
+            self._sent[xid] = now
+        return fut
+
+    def send_batch(self, requests: Sequence[tuple[Any, int]]) -> list[asyncio.Future[Any]]:
+        """Send ``(request, xid)`` pairs in ONE write (one system call, one TCP segment).
+
+        The bookkeeping is aiozk's (``pending``, ``opcode_xref``); special requests
+        (pings, auth, close) go through :meth:`send`.
+        """
+        loop = asyncio.get_running_loop()
+        now = monotonic()
+        futures: list[asyncio.Future[Any]] = []
+        chunks: list[bytes] = []
+        for request, xid in requests:
+            fut: asyncio.Future[Any] = loop.create_future()
+            fut.add_done_callback(_consume)
+            futures.append(fut)
+            if self.closing:
+                fut.set_exception(exc.ConnectError(self.host, self.port))
+                continue
+            payload = request.serialize(xid)
+            chunks.append(len(payload).to_bytes(4, "big") + payload)
+            # A createContainer reply has the create2 layout: parse it as one, without
+            # adding an entry to aiozk's process-wide opcode table.
+            opcode = request.opcode
+            self.opcode_xref[xid] = (
+                protocol.Create2Request.opcode if opcode == OP_CREATE_CONTAINER else opcode
+            )
+            self.pending[xid] = fut
+            self._sent[xid] = now
+        if chunks:
+            self.last_sent = now
+            try:
+                self.writer.write(b"".join(chunks))
+            except Exception:
+                log.debug("zookeeper: write failed", exc_info=True)
+                self.kill()
+        return futures
+
+    async def read_response(self, initial_connect: bool = False) -> Any:
+        """One reply: ``(xid, zxid, response or ResponseError)``.
+
+        Replaces aiozk's, which starts two tasks per reply (``wait_for`` around each
+        read); a silent server is caught by the session's liveness check instead.
+        """
+        reader = self.reader
+        try:
+            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+            body = await reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            raise ConnectionAbortedError from None
+        self.last_received = monotonic()
+        if initial_connect:
+            return None, None, protocol.ConnectResponse.deserialize(body)
+        xid, zxid, error = _REPLY_HEADER.unpack_from(body)
+        if xid == protocol.WATCH_XID:
+            return xid, zxid, protocol.WatchEvent.deserialize(body[_REPLY_HEADER.size :])
+        opcode = self.opcode_xref.pop(xid, None)
+        if error:
+            response: Any = exc.get_response_error(error)
+        elif opcode is None:
+            raise exc.ZKError(f"reply to an unknown request (xid {xid})")
+        else:
+            response = protocol.response_xref[opcode].deserialize(body[_REPLY_HEADER.size :])
+        sent: float | None = None
+        if xid == protocol.PING_XID:
+            sent = self._pings.popleft() if self._pings else None
+        elif xid >= 0:
+            sent = self._sent.pop(xid, None)
+        if sent is not None and sent > self.confirmed_at:
+            self.confirmed_at = sent
+        return xid, zxid, response
+
+    async def read_loop(self) -> None:
+        """Hand each reply to its request's future, each event to the session."""
+        try:
+            while not self.closing:
+                xid, zxid, response = await self.read_response()
+                if xid == protocol.WATCH_XID:
+                    self.watch_handler(response)
+                    continue
+                if xid in protocol.SPECIAL_XIDS:
+                    waiting = self.pending_specials[xid]
+                    fut = waiting.pop(0) if waiting else None
+                else:
+                    fut = self.pending.pop(xid, None)
+                if fut is None or fut.done():
+                    continue
+                if isinstance(response, Exception):
+                    fut.set_exception(response)
+                else:
+                    fut.set_result((zxid, response))
+        except ConnectionAbortedError:
+            pass  # the server closed the connection
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.debug("zookeeper: reading from %s:%s failed", self.host, self.port, exc_info=True)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Drop the connection now; pending requests fail with ConnectError."""
+        self.closing = True
+        for fut in self.drain_all_pending():
+            if not fut.done():
+                fut.set_exception(exc.ConnectError(self.host, self.port))
+        self._sent.clear()
+        self._pings.clear()
+        task = self.read_loop_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+        self.dead.set()
+
+
+class _Session:
+    """ONE ZooKeeper session over a succession of aiozk connections.
+
+    aiozk 0.32 supplies the wire protocol, its exceptions and the connection; its
+    ``Session`` / ``ZKClient`` are not used because a lock service needs what they do not
+    do (each point was seen on this machine):
+
+    * they retry every request after a connection loss, so a lost ``create`` reply makes a
+      second lock node (the retry must be ours, with protection mode);
+    * a dead server is noticed by the next heartbeat only, up to a whole session timeout
+      later (the read loop ends silently on EOF and pending requests hang), and requests
+      that get no reply (a paused server) postpone the heartbeat for ever;
+    * nothing reports a lost session, and a session that could not be resumed within
+      one attempt is thrown away even when the server still has it;
+    * reconnecting waits 2, 4, 8 ... 60 s between rounds, and the ``srvr`` handshake with
+      a paused server has no timeout;
+    * ``create(container=True)`` sends opcode 15 with the container flag, which ZooKeeper
+      3.8 answers with a plain persistent node (a container needs opcode 19);
+    * its watch table keeps an entry for every path an event ever came for, and watches
+      set to see a deletion are not registered again after a reconnect;
+    * it has no call for ``addAuth`` (digest credentials).
+
+    This class connects to the hosts in random order, resumes the same session after a
+    connection loss (the server decides whether it still exists), pings when idle for a
+    third of the session timeout, drops a connection that has been silent for two thirds
+    of it, and reports every state change.  ``valid_until`` is the client-side bound of
+    the session's life: the session certainly lives until ``confirmed_at + timeout``,
+    ``confirmed_at`` being the send time of the latest request the server answered.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[tuple[str, int]],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        op_timeout: float,
+        auth: Sequence[tuple[str, bytes]],
+        on_event: EventCallback,
+    ) -> None:
+        self.hosts = list(hosts)
+        #: The requested session timeout, replaced by the one the server negotiated.
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.op_timeout = op_timeout
+        self.auth = list(auth)
+        self.on_event = on_event
+        self.session_id = 0
+        self.password = b"\x00" * 16
+        self.last_zxid = 0
+        self.conn: _Connection | None = None
+        self.closing = False
+        #: The session task's view: a session is established on ``conn``.
+        self._up = False
+        #: True once the session was presumed expired, until the server confirms it.
+        self.presumed_dead = False
+        #: Path -> callbacks of the data watches set on it.
+        self.watches: dict[str, set[WatchCallback]] = {}
+        self._xid = 0
+        self._confirmed_at = 0.0
+        self._state_changed = asyncio.Event()
+        self._first_connect: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the session task and wait for the first session."""
+        loop = asyncio.get_running_loop()
+        self._first_connect = loop.create_future()
+        self._task = loop.create_task(self._run(), name="aiodlock:zookeeper-session")
+        await asyncio.shield(self._first_connect)
+
+    async def close(self, timeout: float) -> None:
+        """End the session on the server (its ephemeral nodes go at once) and disconnect."""
+        if self.closing:
+            return
+        self.closing = True
+        self._cancel_expiry_timer()
+        conn = self.conn
+        if conn is not None and self.connected and not conn.dead.is_set():
+            try:
+                [closed] = self._send(protocol.CloseRequest())
+                async with asyncio.timeout(timeout):
+                    # The server answers, then hangs up; either will do.
+                    dead = asyncio.ensure_future(conn.dead.wait())
+                    try:
+                        await asyncio.wait({closed, dead}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        dead.cancel()
+            except Exception:
+                log.debug("zookeeper: closing the session failed", exc_info=True)
+        self._up = False
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if conn is not None:
+            conn.kill()
+        self._wake()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """A session is established on a live connection (requests can be sent)."""
+        conn = self.conn
+        # NOTE: a killed connection counts as down at once, before the session task has
+        # run: a retry loop that sees "connected" must never spin on Disconnected.
+        return self._up and conn is not None and not conn.closing
+
+    @property
+    def valid_until(self) -> float:
+        """Until when (monotonic) the session certainly lives on the server."""
+        return self._confirmed_at + self.timeout
+
+    def usable(self, session_id: int) -> bool:
+        """Is ``session_id`` the current session, not presumed expired?"""
+        return session_id != 0 and session_id == self.session_id and not self.presumed_dead
+
+    def _confirm(self, conn: _Connection) -> None:
+        if conn.confirmed_at > self._confirmed_at:
+            self._confirmed_at = conn.confirmed_at
+
+    def _wake(self) -> None:
+        self._state_changed.set()
+        self._state_changed = asyncio.Event()
+
+    def _emit(self, event: SessionEvent, session_id: int) -> None:
+        self._wake()
+        try:
+            self.on_event(event, session_id)
+        except Exception:  # pragma: no cover - the handler is ours and must not raise
+            log.exception("zookeeper: the session event handler failed")
+
+    async def wait_connected(self, until: float | None) -> bool:
+        """Wait until connected (True), or until ``until`` (monotonic) passes (False)."""
+        while not self.connected:
+            if self.closing:
+                return False
+            event = self._state_changed
+            if until is None:
+                await event.wait()
+                continue
+            left = until - monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await event.wait()
+        return True
+
+    def _cancel_expiry_timer(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+
+    def _start_expiry_timer(self) -> None:
+        """Disconnected: the session's leases end when the session may have ended."""
+        self._cancel_expiry_timer()
+        if self.session_id == 0 or self.presumed_dead:
+            return
+        delay = max(0.0, self.valid_until - monotonic())
+        self._expiry_timer = asyncio.get_running_loop().call_later(
+            delay, self._presume_expired, self.session_id
+        )
+
+    def _presume_expired(self, session_id: int) -> None:
+        self._expiry_timer = None
+        if self._up or session_id != self.session_id or self.closing:
+            return
+        self.presumed_dead = True
+        log.warning(
+            "zookeeper: no contact with the servers for the session timeout (%g s); "
+            "session %s may have expired",
+            self.timeout,
+            _hex(session_id),
+        )
+        self._emit(SessionEvent.PRESUMED_EXPIRED, session_id)
+
+    # -- the session task ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self.closing:
+            conn = await self._connect_any()
+            if conn is None:
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            await self._serve(conn)
+
+    async def _connect_any(self) -> _Connection | None:
+        """One round over the hosts: a connection with an established session, or None."""
+        hosts = random.sample(self.hosts, len(self.hosts))
+        per_host = min(self.connect_timeout, max(0.5, self.timeout / len(hosts)))
+        for host, port in hosts:
+            for _ in range(2):  # a second try at once when the session had expired
+                conn = _Connection(host, port, self)
+                outcome = "failed"
+                try:
+                    async with asyncio.timeout(per_host):
+                        await conn.connect()
+                        if conn.start_read_only:
+                            log.debug("zookeeper: %s:%s is read-only", host, port)
+                        else:
+                            outcome = await self._establish(conn)
+                except exc.ResponseError as error:  # e.g. AuthFailed
+                    log.warning("zookeeper: %s:%s refused the session: %s", host, port, error)
+                except Exception as error:
+                    log.debug("zookeeper: no session on %s:%s: %r", host, port, error)
+                finally:
+                    if outcome != "ok":
+                        conn.kill()
+                if outcome == "ok":
+                    return conn
+                if outcome != "expired":
+                    break
+        if self.session_id and monotonic() > self.valid_until + self.timeout:
+            # Nothing answered for long (e.g. the servers were wiped and started again):
+            # the old session cannot exist any more; forget the last zxid so that a server
+            # with a shorter history accepts us.
+            self.last_zxid = 0
+        return None
+
+    async def _establish(self, conn: _Connection) -> str:
+        sent = monotonic()
+        request = protocol.ConnectRequest(
+            protocol_version=0,
+            last_seen_zxid=self.last_zxid,
+            timeout=int(self.timeout * 1000),
+            session_id=self.session_id,
+            password=self.password,
+            read_only=False,
+        )
+        payload = request.serialize()
+        conn.writer.write(len(payload).to_bytes(4, "big") + payload)
+        try:
+            _, _, response = await conn.read_response(initial_connect=True)
+        except Exception as error:
+            # Refused (e.g. the server is behind our last zxid), or the server died.
+            log.debug("zookeeper: no connect reply from %s:%s: %r", conn.host, conn.port, error)
+            return "failed"
+        old = self.session_id
+        if response.session_id == 0:
+            # The server no longer knows the session: its ephemeral nodes are gone.
+            self.session_id = 0
+            self.password = b"\x00" * 16
+            self._cancel_expiry_timer()
+            if old:
+                log.warning("zookeeper: session %s expired", _hex(old))
+                self._emit(SessionEvent.EXPIRED, old)
+            return "expired"
+        self.session_id = response.session_id
+        self.password = response.password
+        self.timeout = response.timeout / 1000
+        conn.confirmed_at = sent
+        conn.start_read_loop()
+        for scheme, credentials in self.auth:
+            await conn.send(protocol.AuthRequest(type=0, scheme=scheme, auth=credentials))
+        resumed = old == self.session_id
+        self.conn = conn
+        self._confirmed_at = sent
+        self._cancel_expiry_timer()
+        self.presumed_dead = False
+        self._up = True
+        log.debug(
+            "zookeeper: %s session %s on %s:%s (timeout %g s)",
+            "resumed" if resumed else "new",
+            _hex(self.session_id),
+            conn.host,
+            conn.port,
+            self.timeout,
+        )
+        self._resend_watches(conn)
+        if self._first_connect is not None and not self._first_connect.done():
+            self._first_connect.set_result(None)
+        self._emit(SessionEvent.RESUMED if resumed else SessionEvent.NEW_SESSION, self.session_id)
+        return "ok"
+
+    async def _serve(self, conn: _Connection) -> None:
+        """Keep ``conn`` alive with pings until it dies, then report the suspension."""
+        tick = max(0.02, self.timeout / 12)
+        try:
+            while not conn.dead.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(tick):
+                        await conn.dead.wait()
+                if conn.dead.is_set():
+                    break
+                self._confirm(conn)
+                now = monotonic()
+                silent = now - conn.last_received
+                if silent >= self.timeout * 2 / 3:
+                    log.info(
+                        "zookeeper: nothing received from %s:%s for %.2f s; reconnecting",
+                        conn.host,
+                        conn.port,
+                        silent,
+                    )
+                    break
+                idle = max(silent, now - conn.last_sent) >= self.timeout / 3
+                if idle and not conn.pending_specials[protocol.PING_XID]:
+                    conn.send(protocol.PingRequest())
+        finally:
+            self._confirm(conn)
+            conn.kill()
+            if self.conn is conn and self._up:
+                self._up = False
+                if not self.closing:
+                    self._start_expiry_timer()
+                    self._emit(SessionEvent.SUSPENDED, self.session_id)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _next_xid(self) -> int:
+        self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
+        return self._xid
+
+    def _send(self, *requests: Any) -> list[asyncio.Future[Any]]:
+        conn = self.conn
+        if not self.connected or conn is None or conn.closing:
+            raise Disconnected()
+        return conn.send_batch([(request, self._next_xid()) for request in requests])
+
+    async def call(self, *requests: Any) -> list[Any]:
+        """Send ``requests`` back to back (one round trip); return each one's reply.
+
+        A request the server refused gives its ``aiozk.exc.ResponseError`` in the list.
+        Raises :class:`Disconnected` if the connection is or gets lost; the server may
+        or may not have applied the writes then.  The server runs one session's requests
+        in order, so a read placed after a write sees that write.
+        """
+        futures = self._send(*requests)
+        results: list[Any] = []
+        for fut in futures:
+            try:
+                zxid, response = await fut
+            except exc.ConnectError:
+                raise Disconnected() from None
+            except exc.ResponseError as error:
+                results.append(error)
+                continue
+            if zxid is not None and zxid > self.last_zxid:
+                self.last_zxid = zxid
+            results.append(response)
+        return results
+
+    def send_nowait(self, request: Any) -> asyncio.Future[Any] | None:
+        """Send without waiting (None when disconnected); the reply goes to the future."""
+        try:
+            return self._send(request)[0]
+        except Disconnected:
+            return None
+
+    # -- watches --------------------------------------------------------------------------
+
+    def watch(self, path: str, callback: WatchCallback) -> None:
+        """Call ``callback(event_type)`` when a data watch on ``path`` fires."""
+        self.watches.setdefault(path, set()).add(callback)
+
+    def unwatch(self, path: str, callback: WatchCallback) -> None:
+        callbacks = self.watches.get(path)
+        if callbacks is not None:
+            callbacks.discard(callback)
+            if not callbacks:
+                del self.watches[path]
+
+    def _dispatch(self, event: Any) -> None:
+        if event.type not in (EVENT_DELETED, EVENT_DATA_CHANGED):
+            log.debug("zookeeper: ignored event %r", event)
+            return
+        callbacks = self.watches.get(event.path)
+        if not callbacks:
+            return
+        loop = asyncio.get_running_loop()
+        for callback in list(callbacks):
+            loop.call_soon(callback, event.type)
+
+    def _resend_watches(self, conn: _Connection) -> None:
+        """Register every data watch again after a reconnect (fired if the node changed)."""
+        for chunk in _chunks(sorted(self.watches), SET_WATCHES_CHUNK):
+            request = protocol.SetWatchesRequest(
+                relative_zxid=self.last_zxid,
+                data_watches=chunk,
+                exist_watches=[],
+                child_watches=[],
+            )
+            conn.send_batch([(request, self._next_xid())])
+
+
+def _chunks(paths: Iterable[str], limit: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for path in paths:
+        length = len(path.encode("utf-8", "surrogatepass")) + 4
+        if chunk and size + length > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(path)
+        size += length
+    if chunk:
+        yield chunk
+
+
+# =========================================================================================
+# Names, nodes and their order
+# =========================================================================================
+
+_SAFE = "-_.~:"  # kept as they are, with letters and digits; everything else is %XX
+
+
+def escape_segment(text: str) -> str:
+    """``text`` as ONE ZooKeeper path segment: UTF-8 percent-encoding, injective.
+
+    Letters, digits and ``-_.~:`` stay readable; ``/``, ``%``, ``#``, spaces, control
+    characters, NUL and every non-ASCII character become ``%XX`` bytes (lone surrogates
+    too), and a leading ``.`` is escaped so that a segment is never ``.`` or ``..``.
+    """
+    encoded = quote(text.encode("utf-8", "surrogatepass"), safe=_SAFE)
+    if encoded.startswith("."):
+        encoded = "%2E" + encoded[1:]
+    return encoded
+
+
+def unescape_segment(segment: str) -> str:
+    raw = unquote_to_bytes(segment)
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # not one of ours
+        return raw.decode("utf-8", "replace")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Child:
+    """A lock child node ``{escaped owner}#{attempt}#{sequence}``."""
+
+    name: str
+    owner: str  # still escaped
+    seq: int  # the 32-bit sequence counter, unsigned
+
+
+def _parse_child(name: str) -> _Child | None:
+    parts = name.rsplit("#", 2)
+    if len(parts) != 3:
+        return None
+    try:
+        seq = int(parts[2])
+    except ValueError:
+        return None
+    return _Child(name, parts[0], seq & 0xFFFFFFFF)
+
+
+def _order(names: Iterable[str]) -> list[_Child]:
+    """The lock queue: children by sequence number, the holder first.
+
+    Sequence numbers come from the parent's 32-bit child-version counter, which goes
+    negative past 2**31 and wraps around past 2**32; the queue starts after the widest
+    gap between neighbouring numbers, so the order stays right across the wrap.
+    """
+    children = sorted(
+        (child for child in map(_parse_child, names) if child is not None),
+        key=lambda child: child.seq,
+    )
+    if len(children) > 1:
+        widest = max(range(len(children) - 1), key=lambda i: children[i + 1].seq - children[i].seq)
+        gap = children[widest + 1].seq - children[widest].seq
+        if gap > children[0].seq + 2**32 - children[-1].seq:
+            children = children[widest + 1 :] + children[: widest + 1]
+    return children
+
+
+def _basename(path: str) -> str:
+    return path.rpartition("/")[2]
+
+
+_CHROOT_BAD = re.compile("[\x00-\x1f\x7f\ud800-\uf8ff\ufff0-\uffff]")
+
+
+def _parse_chroot(path: str) -> str:
+    """The chroot from a URL path: ``""`` or ``/a/b`` (each segment percent-decoded)."""
+    segments = [unquote(part) for part in path.split("/") if part]
+    for segment in segments:
+        if segment in (".", "..") or _CHROOT_BAD.search(segment) or "/" in segment:
+            raise ConfigurationError(
+                f"bad ZooKeeper chroot {path!r} in the URL: segment {segment!r} is not a "
+                f"valid node name"
+            )
+    return "".join(f"/{segment}" for segment in segments)
+
+
+# =========================================================================================
+# The backend
+# =========================================================================================
+
+_OPEN_ACL = [protocol.UNRESTRICTED_ACCESS]
+ACL_PRESETS: dict[str, list[Any]] = {
+    # world:anyone may do anything (ZooKeeper's OPEN_ACL_UNSAFE; kazoo's and Curator's default)
+    "open": _OPEN_ACL,
+    # only the authenticated creator (digest credentials) may do anything
+    "creator": [protocol.AUTHED_UNRESTRICTED],
+    # the creator may do anything, anyone may read (so others can see status())
+    "creator_read": [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE],
+}
+#: Seconds after a grant when the holder's watch on its own node is set (see _arm).
+OWN_WATCH_DELAY = 0.05
+#: How many ended holder nodes a backend remembers (for handoffs without a listing).
+ENDED_MEMORY = 4096
+#: How often a create may find its lock node gone (deleted by the container reaper just
+#: after it was made again) before giving up.
+MAX_PARENT_RETRIES = 10
+_EPHEMERAL_SEQUENTIAL = (
+    protocol.CreateRequest.EPHEMERAL_FLAG | protocol.CreateRequest.SEQUENTIAL_FLAG
+)
+
+
+@dataclasses.dataclass
+class ZooKeeperStats:
+    """Counters of what the backend sent and received (for tests and benchmarks)."""
+
+    #: Lock nodes created.
+    creates: int = 0
+    #: Children listings of a lock node (one per create, plus one per re-check).
+    lists: int = 0
+    #: Predecessor watches that fired (the wake-ups of waiters).
+    wakeups: int = 0
+    #: Handoffs taken without listing again: the deleted predecessor was the holder.
+    fast_handoffs: int = 0
+    #: Searches for an own node after a create whose reply was lost.
+    protection_lookups: int = 0
+    #: Node deletions left to the background (the server could not confirm them in time).
+    deferred_deletes: int = 0
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Node:
+    """``Grant.data``: the lock node of a grant."""
+
+    path: str
+    session_id: int
+    watch: WatchCallback | None = None
+    arm_timer: asyncio.TimerHandle | None = None
+    #: Set when a create of the attempt had a lost reply: the server may still apply it
+    #: after the lookup (through another member), so the release sweeps the prefix.
+    sweep_prefix: str | None = None
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Attempt:
+    """One acquire in progress."""
+
+    request: Request
+    parent: str
+    prefix: str  # the node name up to the sequence number: "{owner}#{attempt}#"
+    event: asyncio.Event
+    path: str | None = None
+    czxid: int = 0
+    session_id: int = 0
+    #: The session a create was sent on whose reply was lost (protection mode).
+    in_doubt: int | None = None
+    #: The local callback of the watch on the attempt's own node while it waits.
+    own_cb: WatchCallback | None = None
+    #: The server-side watch on the own node is set (and has not fired).
+    own_armed: bool = False
+    #: The own node was deleted (by someone else, or with the session).
+    own_gone: bool = False
+    #: A create of this attempt had a lost reply (its node may turn up late).
+    had_doubt: bool = False
+
+
+class _Removal(enum.Enum):
+    DELETED = "deleted"
+    ABSENT = "absent"
+    SESSION_GONE = "session_gone"
+
+
+class ZooKeeperBackend(Backend):
+    """Locks as ephemeral sequential nodes, one ZooKeeper session per client."""
+
+    backend_name = "zookeeper"
+    capabilities = (
+        Capability.FAIR
+        | Capability.ALWAYS_FAIR
+        | Capability.FENCING
+        | Capability.SESSION_LEASE
+        | Capability.CROSS_PROCESS
+    )
+
+    def __init__(
+        self,
+        config: CommonConfig,
+        *,
+        hosts: Sequence[tuple[str, int]] = (("127.0.0.1", DEFAULT_PORT),),
+        chroot: str = "",
+        session_timeout: float | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        acl: str | Sequence[Any] = "open",
+        scheme: str = "zookeeper",
+    ) -> None:
+        self.config = config
+        self.hosts = list(hosts)
+        self.chroot = chroot
+        #: The session timeout asked for (the server may negotiate another one).
+        self.requested_session_timeout = (
+            session_timeout if session_timeout is not None else config.watchdog_ttl
+        )
+        self.username = username
+        self._password = password
+        self._scheme = scheme
+        if isinstance(acl, str):
+            if acl not in ACL_PRESETS:
+                raise ConfigurationError(
+                    f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
+                    f"aiozk.ACL, got {acl!r}"
+                )
+            if acl != "open" and username is None:
+                raise ConfigurationError(
+                    f"acl={acl!r} needs digest credentials (zookeeper://USER:PASSWORD@...)"
+                )
+            self.acl_name = acl
+            self._acl = list(ACL_PRESETS[acl])
+        else:
+            self.acl_name = "custom"
+            self._acl = list(acl)
+            if not self._acl or not all(isinstance(item, ACL) for item in self._acl):
+                raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
+        self._auth: list[tuple[str, bytes]] = []
+        if username is not None and password is not None:
+            self._auth.append(("digest", f"{username}:{password}".encode()))
+        self._secrets = (password,) if password else ()
+        self._root = f"{chroot}/{escape_segment(config.namespace)}"
+        self._locks = f"{self._root}/locks"
+        self.stats = ZooKeeperStats()
+        self._session: _Session | None = None
+        self._on_lost: LostCallback | None = None
+        #: Path -> grant, for every lease this backend holds.
+        self._grants: dict[str, Grant] = {}
+        #: (name, owner) -> the attempt, until it returns or is abandoned.
+        self._attempts: dict[tuple[str, str], _Attempt] = {}
+        self._active: set[_Attempt] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._deferred: set[tuple[str, str]] = set()
+        #: Nodes of this backend's grants that ended lately (path -> None, oldest first).
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._closing = False
+
+    # -- configuration -------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        if url.scheme not in ("zookeeper", "zk"):
+            raise ConfigurationError(f"not a ZooKeeper URL scheme: {url.scheme!r}")
+        hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        chroot = _parse_chroot(url.path)
+        username = take_str(options, "username", url.username)
+        password = take_str(options, "password", url.password, secret=True)
+        if (username is None) != (password is None):
+            raise ConfigurationError(
+                "ZooKeeper digest authentication needs both a user name and a password "
+                "(zookeeper://USER:PASSWORD@host/...)"
+            )
+        if username is not None and ":" in username:
+            raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
+        session_timeout = take_float(
+            options, "session_timeout", config.watchdog_ttl, allow_zero=False
+        )
+        acl = options.pop("acl", "open")
+        if not isinstance(acl, str) and not isinstance(acl, list | tuple):
+            raise ConfigurationError(
+                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
+            )
+        return cls(
+            config,
+            hosts=hosts,
+            chroot=chroot,
+            session_timeout=session_timeout,
+            username=username,
+            password=password,
+            acl=acl,
+            scheme=url.scheme,
+        )
+
+    def describe(self) -> str:
+        auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        return f"{self._scheme}://{auth}{hosts}{quote(self.chroot)}"
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout in force (negotiated with the server once connected)."""
+        if self._session is not None and self._session.session_id:
+            return self._session.timeout
+        return self.requested_session_timeout
+
+    @property
+    def session_id(self) -> int:
+        """The current ZooKeeper session id (0 when there is none)."""
+        return self._session.session_id if self._session is not None else 0
+
+    def lock_path(self, name: str) -> str:
+        """The ZooKeeper node of the lock ``name`` (its children are the queue)."""
+        return f"{self._locks}/{escape_segment(name)}"
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        """The one place where driver exceptions become BackendError / BackendTimeout."""
+        with translating(
+            "zookeeper",
+            (exc.ZKError,),
+            (exc.TimeoutError, exc.OperationTimeout),
+            what=what,
+            secrets=self._secrets,
+        ):
+            yield
+
+    @property
+    def _zk(self) -> _Session:
+        if self._session is None or self._closing:
+            raise BackendError("zookeeper: the client is not open (or was closed)")
+        return self._session
+
+    async def _rt(self, *requests: Any) -> list[Any]:
+        """One round trip, bounded by ``op_timeout``."""
+        async with asyncio.timeout(self.config.op_timeout):
+            return await self._zk.call(*requests)
+
+    async def _one(self, request: Any) -> Any:
+        """One request; its refusal is raised."""
+        [result] = await self._rt(request)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _list(self, parent: str) -> list[str] | None:
+        """The children of ``parent`` (None when it does not exist)."""
+        self.stats.lists += 1
+        [result] = await self._rt(protocol.GetChildrenRequest(path=parent, watch=False))
+        if isinstance(result, exc.NoNode):
+            return None
+        if isinstance(result, Exception):
+            raise result
+        children: list[str] = result.children
+        return children
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"aiodlock:zookeeper:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._on_lost = on_lost
+        self._closing = False
+        self._session = _Session(
+            self.hosts,
+            timeout=self.requested_session_timeout,
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            auth=self._auth,
+            on_event=self._on_session_event,
+        )
+        with self._translate("connect"):
+            await self._session.start()
+        if self._session.timeout != self.requested_session_timeout:
+            log.info(
+                "zookeeper: the server set the session timeout to %g s (asked for %g s)",
+                self._session.timeout,
+                self.requested_session_timeout,
+            )
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        # A waiter may have been handed the lock while the client was closing.
+        self._lose(list(self._grants.values()), "the client was closed while the lock was held")
+        session, self._session = self._session, None
+        if session is not None:
+            # Closing the session deletes every node it still has, at once.
+            await session.close(self.config.op_timeout)
+        self._grants.clear()
+        self._attempts.clear()
+        for attempt in self._active:
+            attempt.event.set()
+
+    # -- session events -------------------------------------------------------------------
+
+    def _on_session_event(self, event: SessionEvent, session_id: int) -> None:
+        if event is SessionEvent.SUSPENDED:
+            return
+        if event in (SessionEvent.PRESUMED_EXPIRED, SessionEvent.EXPIRED):
+            lost = [g for g in self._grants.values() if g.data.session_id == session_id]
+            if event is SessionEvent.EXPIRED:
+                reason = "the ZooKeeper session expired (its lock nodes were deleted)"
+            else:
+                timeout = self._session.timeout if self._session is not None else 0.0
+                reason = (
+                    f"no contact with ZooKeeper for the session timeout ({timeout:g} s): "
+                    f"the session, and the lock with it, may have expired"
+                )
+            self._lose(lost, reason)
+        # Waiters check their place again (their nodes or watches may be gone).
+        for attempt in self._active:
+            attempt.event.set()
+
+    def _lose(self, grants: Sequence[Grant], reason: str) -> None:
+        for grant in grants:
+            self._forget(grant)
+        if grants and self._on_lost is not None:
+            try:
+                self._on_lost(list(grants), reason)
+            except Exception:  # pragma: no cover - the core's callback must not raise
+                log.exception("zookeeper: the lost-lease callback failed")
+
+    def _forget(self, grant: Grant) -> None:
+        node: _Node = grant.data
+        if self._grants.get(node.path) is grant:
+            del self._grants[node.path]
+            # A waiter behind this node will know, when it is deleted, that the lock is
+            # its own (a granted node was the lowest: nothing below it can come back).
+            self._ended[node.path] = None
+            if len(self._ended) > ENDED_MEMORY:
+                self._ended.popitem(last=False)
+        if node.arm_timer is not None:
+            node.arm_timer.cancel()
+            node.arm_timer = None
+        if node.watch is not None and self._session is not None:
+            self._session.unwatch(node.path, node.watch)
+            node.watch = None
+
+    # -- the holder's watch on its own node ------------------------------------------------
+
+    def _arm(self, grant: Grant, *, armed: bool) -> None:
+        """Watch the holder's node, so that a deletion by anyone else is a lost lease.
+
+        A waiter already set that watch (``armed``).  Otherwise the server-side watch is
+        set ``OWN_WATCH_DELAY`` after the grant: most uncontended critical sections are
+        shorter, and then cost no extra request and no event.  A node deleted before the
+        watch is set is noticed by the reply to the watch request.
+        """
+        node: _Node = grant.data
+        node.watch = functools.partial(self._own_node_event, grant)
+        self._zk.watch(node.path, node.watch)
+        if not armed:
+            node.arm_timer = asyncio.get_running_loop().call_later(
+                OWN_WATCH_DELAY, self._send_own_watch, grant
+            )
+
+    def _send_own_watch(self, grant: Grant) -> None:
+        node: _Node = grant.data
+        node.arm_timer = None
+        if self._grants.get(node.path) is not grant or self._session is None:
+            return
+        fut = self._session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
+        if fut is not None:
+            # If this is lost with the connection, the watch is registered again on
+            # reconnection (the path stays in the session's watch table).
+            fut.add_done_callback(functools.partial(self._own_watch_reply, grant))
+
+    def _own_watch_reply(self, grant: Grant, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode):
+            self._vanished(grant)
+
+    def _own_node_event(self, grant: Grant, event_type: int) -> None:
+        if self._grants.get(grant.data.path) is not grant:
+            return
+        if event_type == EVENT_DATA_CHANGED:
+            self._send_own_watch(grant)  # a watch fires once: set it again
+            return
+        self._vanished(grant)
+
+    def _vanished(self, grant: Grant) -> None:
+        node: _Node = grant.data
+        if self._grants.get(node.path) is not grant:
+            return  # released, or already reported
+        if self._session is None or node.session_id != self._session.session_id:
+            self._forget(grant)  # its session ended: reported with the session event
+            return
+        self._lose([grant], "the lock node was deleted by someone else (force_release?)")
+
+    # -- acquire ----------------------------------------------------------------------------
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        grant = await self.acquire(request, monotonic())
+        return grant if grant is not None else Busy(None)
+
+    async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        key = (request.name, request.owner)
+        attempt = _Attempt(
+            request,
+            self.lock_path(request.name),
+            f"{escape_segment(request.owner)}#{_secrets.token_hex(4)}#",
+            asyncio.Event(),
+        )
+        # NOTE: kept until the attempt returns; after an exception the core calls
+        # abandon(), which needs it to find the node.
+        self._attempts[key] = attempt
+        self._active.add(attempt)
+        try:
+            with self._translate("acquire"):
+                if deadline is not None and monotonic() >= deadline:
+                    grant = await self._try_once(attempt)
+                else:
+                    grant = await self._queue(attempt, deadline)
+        finally:
+            self._active.discard(attempt)
+            self._unwatch_own(attempt)
+        if self._attempts.get(key) is attempt:
+            del self._attempts[key]
+        return grant
+
+    def _set_path(self, attempt: _Attempt, path: str | None) -> None:
+        """Point the attempt at another node (or none), dropping the old node's watch."""
+        self._unwatch_own(attempt)
+        attempt.path = path
+        attempt.own_armed = attempt.own_gone = False
+
+    def _unwatch_own(self, attempt: _Attempt) -> None:
+        if attempt.own_cb is not None and attempt.path is not None and self._session is not None:
+            self._session.unwatch(attempt.path, attempt.own_cb)
+        attempt.own_cb = None
+
+    @staticmethod
+    def _own_event_while_waiting(attempt: _Attempt, event_type: int) -> None:
+        attempt.own_armed = False  # a watch fires once
+        if event_type == EVENT_DELETED:
+            attempt.own_gone = True
+        attempt.event.set()
+
+    async def _try_once(self, attempt: _Attempt) -> Grant | None:
+        """One attempt that never queues: look first, create only when the lock is free."""
+        children = await self._list(attempt.parent)
+        if children and _order(children):
+            return None
+        queue = _order(await self._create(attempt))
+        if queue and attempt.path is not None and queue[0].name == _basename(attempt.path):
+            grant = self._grant(attempt)
+            if grant is not None:
+                return grant
+        await self._give_up(attempt)
+        return None
+
+    async def _queue(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
+        """Take a place in the queue and wait for the predecessors to leave."""
+        zk = self._zk
+        while True:
+            attempt.event.clear()
+            try:
+                if attempt.in_doubt is not None:
+                    await self._recover(attempt)
+                if attempt.path is None:
+                    children: list[str] | None = await self._create(attempt)
+                else:
+                    children = await self._list(attempt.parent)
+                queue = _order(children or ())
+                mine = _basename(attempt.path) if attempt.path is not None else None
+                index = next((i for i, c in enumerate(queue) if c.name == mine), None)
+                if index is None:
+                    # Our node is gone: its session ended, or someone deleted it.
+                    self._set_path(attempt, None)
+                    continue
+                strays = [c for c in queue if c.name != mine and c.name.startswith(attempt.prefix)]
+                if strays:
+                    # A create of this attempt whose reply was lost and that protection mode
+                    # missed (the server applied it late): ahead of us it would block us
+                    # for ever, behind us it would hold the lock once we leave.
+                    await self._delete_strays(attempt, strays)
+                    continue
+                if index == 0:
+                    grant = self._grant(attempt)
+                    if grant is not None:
+                        return grant
+                    continue
+                if deadline is not None and monotonic() >= deadline:
+                    await self._give_up(attempt)
+                    return None
+                predecessor = f"{attempt.parent}/{queue[index - 1].name}"
+                if await self._wait_for(attempt, predecessor, index == 1, deadline):
+                    # The holder left and nobody can have come in between: no listing.
+                    grant = self._grant(attempt)
+                    if grant is not None:
+                        self.stats.fast_handoffs += 1
+                        return grant
+            except Disconnected:
+                now = monotonic()
+                limit = now + self.config.op_timeout
+                until = limit if deadline is None else min(limit, max(deadline, now))
+                if not await zk.wait_connected(until):
+                    if self._closing:
+                        raise BackendError("zookeeper: the client was closed") from None
+                    if deadline is not None and monotonic() >= deadline:
+                        await self._give_up(attempt)
+                        return None
+                    raise BackendTimeout(
+                        f"zookeeper: no connection to the servers for "
+                        f"{self.config.op_timeout:g} s (op_timeout)"
+                    ) from None
+
+    async def _create(self, attempt: _Attempt) -> list[str]:
+        """Create the attempt's node and list the queue, in one round trip."""
+        zk = self._zk
+        path = f"{attempt.parent}/{attempt.prefix}"
+        for _ in range(MAX_PARENT_RETRIES):
+            if not zk.connected:
+                raise Disconnected()
+            session_id = zk.session_id
+            attempt.in_doubt = session_id
+            created, listed = await self._rt(
+                protocol.Create2Request(
+                    path=path, data=b"", acl=self._acl, flags=_EPHEMERAL_SEQUENTIAL
+                ),
+                protocol.GetChildrenRequest(path=attempt.parent, watch=False),
+            )
+            attempt.in_doubt = None
+            if isinstance(created, exc.NoNode):
+                await self._make_parents(attempt.parent)
+                continue
+            if isinstance(created, Exception):
+                raise created
+            self.stats.creates += 1
+            self.stats.lists += 1
+            self._set_path(attempt, created.path)
+            attempt.czxid = created.stat.created_zxid
+            attempt.session_id = session_id
+            if isinstance(listed, Exception):
+                raise listed
+            children: list[str] = listed.children
+            return children
+        raise BackendError(
+            f"zookeeper: the lock node {attempt.parent!r} vanished {MAX_PARENT_RETRIES} times "
+            f"in a row while a node was created in it"
+        )
+
+    async def _make_parents(self, parent: str) -> None:
+        """Create the lock node and the nodes above it (NodeExists is fine)."""
+        chain: list[Any] = []
+        prefix = ""
+        for segment in self.chroot.split("/")[1:] + self._locks[len(self.chroot) :].split("/")[1:]:
+            prefix = f"{prefix}/{segment}"
+            chain.append(protocol.Create2Request(path=prefix, data=b"", acl=self._acl, flags=0))
+        # The lock node itself is a container: the server deletes it once it is empty.
+        chain.append(_CreateContainerRequest(path=parent, data=b"", acl=self._acl, flags=0))
+        results = await self._rt(*chain)
+        last = results[-1]
+        if not isinstance(last, Exception) or isinstance(last, exc.NodeExists):
+            return
+        if isinstance(last, exc.NoNode):
+            # A node above could not be made: report why.  (Errors on nodes above that
+            # already exist, e.g. NoAuth on a chroot made by an administrator, do not count.)
+            for result in results[:-1]:
+                if isinstance(result, Exception) and not isinstance(result, exc.NodeExists):
+                    raise result
+        raise last
+
+    async def _recover(self, attempt: _Attempt) -> None:
+        """Protection mode: after a lost create reply, find the node it may have made."""
+        session_id, attempt.in_doubt = attempt.in_doubt, None
+        if session_id is None or session_id != self._zk.session_id:
+            return  # nothing was in doubt, or the node died with its session
+        attempt.had_doubt = True
+        self.stats.protection_lookups += 1
+        children = await self._list(attempt.parent)
+        mine = [c for c in _order(children or ()) if c.name.startswith(attempt.prefix)]
+        if not mine:
+            return
+        if len(mine) > 1:
+            await self._delete_strays(attempt, mine[1:])
+        path = f"{attempt.parent}/{mine[0].name}"
+        [stat] = await self._rt(protocol.ExistsRequest(path=path, watch=False))
+        if isinstance(stat, exc.NoNode):
+            return
+        if isinstance(stat, Exception):
+            raise stat
+        self._set_path(attempt, path)
+        attempt.czxid = stat.stat.created_zxid
+        attempt.session_id = session_id
+
+    async def _delete_strays(self, attempt: _Attempt, strays: Sequence[_Child]) -> None:
+        results = await self._rt(
+            *(protocol.DeleteRequest(path=f"{attempt.parent}/{c.name}", version=-1) for c in strays)
+        )
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
+                raise result
+
+    async def _wait_for(
+        self, attempt: _Attempt, predecessor: str, first_in_line: bool, deadline: float | None
+    ) -> bool:
+        """Sleep until ``predecessor`` changes, our node or the session does, or ``deadline``.
+
+        Returns True when the lock is ours without listing again: the deleted predecessor
+        was the holder, because it was first in our listing (``first_in_line``) or was a
+        grant of this backend (then it was the lowest node: nothing below it can come
+        back).  Nobody can have come in between: a node created after our listing has a
+        higher sequence number than ours.  The watch on our own node (set here, in the
+        same round trip) tells if our node went.
+        """
+        fired = False
+        deleted = False
+        was_holder = first_in_line
+
+        def on_event(event_type: int) -> None:
+            nonlocal fired, deleted, was_holder
+            fired = True
+            if event_type == EVENT_DELETED:
+                deleted = True
+                was_holder = was_holder or predecessor in self._ended
+            attempt.event.set()
+
+        zk = self._zk
+        own = attempt.path
+        assert own is not None
+        zk.watch(predecessor, on_event)
+        # getData rather than exists: on a node that is already gone it sets no watch.
+        requests = [protocol.GetDataRequest(path=predecessor, watch=True)]
+        arm_own = not attempt.own_armed
+        if arm_own:
+            if attempt.own_cb is None:
+                attempt.own_cb = functools.partial(self._own_event_while_waiting, attempt)
+                zk.watch(own, attempt.own_cb)
+            requests.append(protocol.GetDataRequest(path=own, watch=True))
+        try:
+            replies = await self._rt(*requests)
+            if arm_own:
+                if isinstance(replies[1], exc.NoNode):
+                    attempt.own_gone = True
+                    return False
+                if isinstance(replies[1], Exception):
+                    raise replies[1]
+                attempt.own_armed = not attempt.own_gone
+            reply = replies[0]
+            if isinstance(reply, exc.NoNode):
+                deleted = True  # gone already
+                was_holder = was_holder or predecessor in self._ended
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                timeout = None if deadline is None else deadline - monotonic()
+                if timeout is None or timeout > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await attempt.event.wait()
+        finally:
+            zk.unwatch(predecessor, on_event)
+            if fired:
+                self.stats.wakeups += 1
+        return deleted and was_holder and not attempt.own_gone
+
+    def _grant(self, attempt: _Attempt) -> Grant | None:
+        """The attempt's node is the lowest: the lock is ours (if its session still is)."""
+        assert attempt.path is not None
+        if not self._zk.usable(attempt.session_id) or attempt.own_gone:
+            # The node died (or may have died) with its session, or was deleted.
+            self._set_path(attempt, None)
+            return None
+        request = attempt.request
+        node = _Node(attempt.path, attempt.session_id)
+        if attempt.had_doubt:
+            node.sweep_prefix = attempt.prefix
+        grant = Grant(request.name, request.owner, attempt.czxid, None, node)
+        self._grants[node.path] = grant
+        self._arm(grant, armed=attempt.own_armed)
+        self._unwatch_own(attempt)  # the grant's watch callback took over
+        return grant
+
+    async def _give_up(self, attempt: _Attempt) -> None:
+        """Leave the queue (deadline, or a try-lock that found the lock taken)."""
+        path = attempt.path
+        self._set_path(attempt, None)
+        doubt, attempt.in_doubt = attempt.in_doubt, None
+        try:
+            if path is not None:
+                await self._remove(path, attempt.session_id, in_background_after=True)
+            elif doubt is not None:
+                await self._sweep(attempt.parent, attempt.prefix, doubt)
+        except BackendTimeout:
+            pass  # left to a background task, which goes on until it is done
+
+    # -- removing nodes ---------------------------------------------------------------------
+
+    async def _remove(
+        self, path: str, session_id: int, *, in_background_after: bool
+    ) -> tuple[_Removal, bool]:
+        """Delete ``path`` (a node of session ``session_id``) until it or its session is gone.
+
+        Returns the outcome and whether an earlier attempt may have done the deletion.
+        Retries through reconnections for ``op_timeout``; then (or if cancelled) leaves the
+        deletion to a background task, which goes on until the node or the session is gone
+        (a lock node left behind would block the lock until the session ends: pitfall 7),
+        and raises BackendTimeout.
+        """
+        zk = self._zk
+        until = monotonic() + self.config.op_timeout
+        tried = False
+        done = False
+        try:
+            while True:
+                if zk.session_id != session_id:
+                    done = True
+                    return _Removal.SESSION_GONE, tried
+                if zk.connected:
+                    try:
+                        [result] = await self._rt(protocol.DeleteRequest(path=path, version=-1))
+                    except Disconnected:
+                        tried = True
+                    else:
+                        done = True
+                        if isinstance(result, exc.NoNode):
+                            return _Removal.ABSENT, tried
+                        if isinstance(result, Exception):
+                            raise result
+                        return _Removal.DELETED, tried
+                if not await zk.wait_connected(until):
+                    raise BackendTimeout(
+                        f"zookeeper: could not delete a lock node within "
+                        f"{self.config.op_timeout:g} s; it is retried in the background "
+                        f"until it or its session is gone"
+                    )
+        finally:
+            if not done and in_background_after:
+                self._defer(path, None, session_id)
+
+    async def _sweep(self, parent: str, prefix: str, session_id: int) -> None:
+        """Delete every child of ``parent`` whose name starts with ``prefix``."""
+        zk = self._zk
+        until = monotonic() + self.config.op_timeout
+        done = False
+        try:
+            while zk.session_id == session_id:
+                if zk.connected:
+                    try:
+                        await self._sweep_once(parent, prefix)
+                    except Disconnected:
+                        pass
+                    else:
+                        break
+                if not await zk.wait_connected(until):
+                    raise BackendTimeout(
+                        f"zookeeper: could not clean up a lock attempt within "
+                        f"{self.config.op_timeout:g} s; it is retried in the background"
+                    )
+            done = True
+        finally:
+            if not done:
+                self._defer(parent, prefix, session_id)
+
+    async def _sweep_once(self, parent: str, prefix: str) -> None:
+        children = await self._list(parent)
+        doomed = [c for c in children or () if c.startswith(prefix)]
+        if not doomed:
+            return
+        results = await self._rt(
+            *(protocol.DeleteRequest(path=f"{parent}/{c}", version=-1) for c in doomed)
+        )
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
+                raise result
+
+    def _defer(self, path: str, prefix: str | None, session_id: int) -> None:
+        """Delete a node (or sweep a prefix) in the background, until done or moot."""
+        key = (path, prefix or "")
+        if self._closing or self._session is None or key in self._deferred:
+            return
+        self._deferred.add(key)
+        self.stats.deferred_deletes += 1
+        self._spawn(self._deferred_delete(key, path, prefix, session_id), f"delete:{path}")
+
+    async def _deferred_delete(
+        self, key: tuple[str, str], path: str, prefix: str | None, session_id: int
+    ) -> None:
+        delay = 0.05
+        try:
+            while not self._closing and self._session is not None:
+                zk = self._session
+                if zk.session_id != session_id or not await zk.wait_connected(None):
+                    return
+                if zk.session_id != session_id:
+                    return
+                try:
+                    if prefix is None:
+                        [result] = await self._rt(protocol.DeleteRequest(path=path, version=-1))
+                        if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
+                            raise result
+                    else:
+                        await self._sweep_once(path, prefix)
+                    return
+                except (Disconnected, TimeoutError):
+                    pass
+                except Exception:
+                    log.warning("zookeeper: could not delete %s", path, exc_info=True)
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, 1.0)
+        finally:
+            self._deferred.discard(key)
+
+    # -- release, renew, abandon ------------------------------------------------------------
+
+    async def release(self, grant: Grant) -> bool:
+        node: _Node = grant.data
+        self._forget(grant)  # from now on a deletion of the node is no loss
+        zk = self._zk
+        if zk.session_id != node.session_id:
+            return False  # the node ended with its session
+        if zk.presumed_dead:
+            # The lease was already reported lost; do not hold the caller up while the
+            # servers are unreachable: delete the node once (if ever) they answer again.
+            self._defer(node.path, None, node.session_id)
+            return False
+        with self._translate("release"):
+            outcome, tried = await self._remove(
+                node.path, node.session_id, in_background_after=True
+            )
+            if node.sweep_prefix is not None:
+                parent = node.path.rpartition("/")[0]
+                with contextlib.suppress(BackendTimeout):  # then it goes on in the background
+                    await self._sweep(parent, node.sweep_prefix, node.session_id)
+        if outcome is _Removal.DELETED:
+            return True
+        # Already gone: it was ours only if an earlier, unconfirmed try deleted it.
+        return tried
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """Check that each node still exists in this session (the session is the lease)."""
+        started = monotonic()
+        with self._translate("renew"):
+            replies = await self._rt(
+                *(protocol.ExistsRequest(path=g.data.path, watch=False) for g in grants)
+            )
+        zk = self._zk
+        results: list[float | None] = []
+        for grant, reply in zip(grants, replies, strict=True):
+            node: _Node = grant.data
+            if isinstance(reply, exc.NoNode):
+                results.append(None)
+                continue
+            if isinstance(reply, Exception):
+                with self._translate("renew"):
+                    raise reply
+            alive = (
+                reply.stat.ephemeral_owner == node.session_id
+                and zk.usable(node.session_id)
+                and self._grants.get(node.path) is grant
+            )
+            results.append(started + ttl if alive else None)
+        return results
+
+    async def abandon(self, request: Request) -> None:
+        attempt = self._attempts.pop((request.name, request.owner), None)
+        if self._closing or self._session is None:
+            return  # closing the session deleted its nodes
+        parent = self.lock_path(request.name)
+        with self._translate("abandon"):
+            if attempt is None:
+                zk = self._zk
+                await self._sweep(parent, f"{escape_segment(request.owner)}#", zk.session_id)
+                return
+            path = attempt.path
+            self._set_path(attempt, None)
+            if attempt.in_doubt is not None:
+                # A create went out and its reply never came: the node may exist.
+                await self._sweep(parent, attempt.prefix, attempt.in_doubt)
+            if path is not None:
+                await self._remove(path, attempt.session_id, in_background_after=True)
+
+    # -- status, force_release ----------------------------------------------------------------
+
+    async def status(self, name: str) -> LockStatus | None:
+        parent = self.lock_path(name)
+        with self._translate("status"):
+            for _ in range(5):
+                children = await self._list(parent)
+                queue = _order(children or ())
+                if not queue:
+                    return None
+                holder = queue[0]
+                [reply] = await self._rt(
+                    protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
+                )
+                if isinstance(reply, exc.NoNode):
+                    continue  # released meanwhile: look again
+                if isinstance(reply, Exception):
+                    raise reply
+                return LockStatus(
+                    name,
+                    unescape_segment(holder.owner),
+                    reply.stat.created_zxid,
+                    None,
+                    len(queue) - 1,
+                )
+        return None
+
+    async def force_release(self, name: str) -> bool:
+        parent = self.lock_path(name)
+        with self._translate("force_release"):
+            queue = _order(await self._list(parent) or ())
+            if not queue:
+                return False
+            [reply] = await self._rt(
+                protocol.DeleteRequest(path=f"{parent}/{queue[0].name}", version=-1)
+            )
+            if isinstance(reply, exc.NoNode):
+                return False
+            if isinstance(reply, Exception):
+                raise reply
+            return True

@@ -1,0 +1,106 @@
+"""Fixtures for the ZooKeeper backend tests (real servers from tests/conftest.py).
+
+* ``make_client(url=None, **options)``: an open aiodlock client (shared server by default),
+  in a fresh namespace per test, closed at teardown;
+* ``raw(hosts)``: a separate plain aiozk client, to look at the nodes directly;
+* ``fast_container_server``: a private standalone server whose container reaper runs every
+  100 ms (a JVM property, so it needs its own command line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiozk
+import pytest
+
+import aiodlock
+from tests.conftest import require_server
+from tests.servers import ZooKeeperServer
+
+from .zk_helpers import ClientFactory, RawFactory
+
+pytestmark = pytest.mark.zookeeper
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def zk_url(zookeeper_server: ZooKeeperServer) -> str:
+    return zookeeper_server.url
+
+
+@pytest.fixture
+async def make_client(zk_url: str, namespace: str) -> AsyncIterator[ClientFactory]:
+    clients: list[aiodlock.Client] = []
+
+    async def make(url: str | None = None, **options: Any) -> aiodlock.Client:
+        options.setdefault("namespace", namespace)
+        options.setdefault("session_timeout", 4.0)
+        client = aiodlock.connect(url or zk_url, **options)
+        await client.open()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in reversed(clients):
+        await client.close()
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[RawFactory]:
+    """``await raw("127.0.0.1:port,...")``: a plain aiozk client (closed at teardown)."""
+    clients: list[aiozk.ZKClient] = []
+
+    async def make(hosts: str) -> aiozk.ZKClient:
+        client = aiozk.ZKClient(hosts, session_timeout=10)
+        await client.start()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        try:
+            async with asyncio.timeout(5):
+                await client.close()
+        except Exception:
+            session = client.session
+            if session.repair_loop_task is not None:
+                session.repair_loop_task.cancel()
+            if session.heartbeat_handle is not None:
+                session.heartbeat_handle.cancel()
+            if session.conn is not None and session.conn.writer is not None:
+                session.conn.writer.close()
+
+
+class FastContainerZooKeeper(ZooKeeperServer):
+    """A standalone server that deletes empty container nodes within ~100 ms."""
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        command.insert(1, "-Dznode.container.checkIntervalMs=100")
+        return command
+
+
+@pytest.fixture
+def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    require_server("zookeeper")
+    server = FastContainerZooKeeper(tmp_path)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def zk_factory(
+    zookeeper_factory: Callable[..., ZooKeeperServer],
+) -> Callable[..., ZooKeeperServer]:
+    return zookeeper_factory
