@@ -516,6 +516,8 @@ class Client:
         return hold.lease
 
     async def _abandon(self, request: Request) -> None:
+        if self._state != "open":
+            return  # close() has released everything and closed the backend
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout * 2):
             try:
                 await self._backend.abandon(request)

@@ -1,0 +1,362 @@
+"""The Redis lock protocol: key layout and the Lua scripts, shared by ``redis`` and ``redlock``.
+
+Data layout of one lock name (every key carries the same hash tag, so all of them live in
+one Cluster slot and one script may touch them all)::
+
+    {ns}:{<name>}             hash    {owner: token}   the holder, with a millisecond expiry
+    {ns}:{<name>}:token       string  fencing counter, INCR'd once per new grant (never expires)
+    {ns}:{<name>}:queue       list    fair mode: owners waiting, in request order
+    {ns}:{<name>}:deadlines   zset    fair mode: owner -> server time (ms) its place lapses
+    {ns}:{<name>}:released    channel a release/expiry of the lock is announced here
+    {ns}:{<name>}:released:<owner>    fair mode: the next waiter's own channel
+
+``<name>`` is the lock name in UTF-8 with ``%``, ``{`` and ``}`` percent-escaped, so any name
+(braces, spaces, newlines, NUL, any Unicode, 512 characters) gives exactly one hash tag and
+distinct names give distinct keys.  Keys stay readable: ``orders:42`` becomes
+``aiodlock:{orders:42}``.
+
+The layout follows Redisson's RLock (a hash ``{owner: ...}`` with a ``pexpire``, a channel
+for the unlock message) and RFairLock (a list of waiting owners plus a sorted set of their
+deadlines, dead waiters purged by deadline).  One difference: Redisson keeps a reentrancy
+count in the hash field; aiodlock counts reentrant acquires in the client (the server sees
+one acquire per outermost hold), so the field holds the hold's fencing token instead.  That
+makes a retried attempt idempotent (same owner: same token, lease refreshed, nothing
+counted twice) and lets ``status()`` report the token.
+
+Every script below is headed with its KEYS, ARGV and return value.  Scripts read the clock
+with ``TIME`` (the server's clock, never a client's); Redis 7 replicates the effects of a
+script, so that is allowed in scripts that write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+__all__ = [
+    "ABANDON",
+    "ACQUIRE",
+    "ACQUIRE_FAIR",
+    "ALL_SCRIPTS",
+    "FORCE_RELEASE",
+    "RELEASE",
+    "RENEW",
+    "STATUS",
+    "LockKeys",
+    "Script",
+    "escape_name",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script with its SHA1 (run with EVALSHA; on NOSCRIPT, with EVAL)."""
+
+    name: str
+    source: str
+    sha: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+def escape_name(name: str) -> bytes:
+    """The lock name as it appears inside the hash tag: UTF-8, ``% { }`` percent-escaped.
+
+    Injective (``%`` itself is escaped) and free of ``}`` so the tag ends where it should.
+    Lone surrogates (possible in a Python ``str``) are kept with ``surrogatepass``.
+    """
+    raw = name.encode("utf-8", "surrogatepass")
+    if b"%" in raw or b"{" in raw or b"}" in raw:
+        raw = raw.replace(b"%", b"%25").replace(b"{", b"%7B").replace(b"}", b"%7D")
+    return raw
+
+
+class LockKeys:
+    """Every key and channel of one lock name (bytes, ready to be sent)."""
+
+    __slots__ = (
+        "channel",
+        "channel_key",
+        "counter",
+        "deadlines",
+        "lock",
+        "name",
+        "queue",
+        "waiter_prefix",
+    )
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self.name = name
+        base = namespace.encode() + b":{" + escape_name(name) + b"}"
+        self.lock = base
+        self.counter = base + b":token"
+        self.queue = base + b":queue"
+        self.deadlines = base + b":deadlines"
+        self.channel = base + b":released"
+        self.channel_key = self.channel.decode("latin-1")  # a str naming the channel
+        self.waiter_prefix = base + b":released:"
+
+    def waiter_channel(self, owner: str) -> bytes:
+        """The channel a fair waiter listens on for its own turn."""
+        return self.waiter_prefix + owner.encode("utf-8", "surrogatepass")
+
+    def __repr__(self) -> str:
+        return f"<LockKeys {self.lock!r}>"
+
+
+# -- shared Lua fragments ---------------------------------------------------------------------
+
+# now(): the server clock in milliseconds.
+_NOW = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# purge(queue, deadlines, now): drop waiters at the head of the queue whose place has lapsed
+# (their process died or stopped retrying); returns the first live waiter or false.
+_PURGE = """
+local function purge(queue, deadlines, now)
+  while true do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then return false end
+    local deadline = redis.call('ZSCORE', deadlines, head)
+    if deadline and tonumber(deadline) > now then return head end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, head)
+  end
+end
+"""
+
+# notify(queue, deadlines, channel, prefix): the lock just became free.  With a fair queue,
+# wake only its first live waiter (on that waiter's own channel); otherwise announce it on
+# the name's channel, where each process with waiters wakes one of them.
+_NOTIFY = (
+    _NOW
+    + _PURGE
+    + """
+local function notify(queue, deadlines, channel, prefix)
+  if redis.call('EXISTS', queue) == 1 then
+    local head = purge(queue, deadlines, now_ms())
+    if head then
+      redis.call('PUBLISH', prefix .. head, 'next')
+      return
+    end
+  end
+  redis.call('PUBLISH', channel, 'released')
+end
+"""
+)
+
+
+def _script(name: str, helpers: str, text: str) -> Script:
+    """A script whose header comment (the text's leading ``--`` lines) comes first."""
+    lines = text.strip("\n").split("\n")
+    split = 0
+    while split < len(lines) and lines[split].startswith("--"):
+        split += 1
+    header = "\n".join(lines[:split])
+    body = "\n".join(lines[split:])
+    return Script(name, f"{header}\n{helpers.strip()}\n{body}\n".replace("\n\n", "\n"))
+
+
+# -- the scripts ------------------------------------------------------------------------------
+
+ACQUIRE = _script(
+    "acquire",
+    "",
+    """
+-- One attempt to take a lock (no queue; a free lock goes to whoever asks first).
+-- KEYS[1] lock hash      KEYS[2] fencing counter
+-- ARGV[1] owner          ARGV[2] lease in ms
+-- returns token (>= 1)   granted; also when ARGV[1] already holds it (same token, lease
+--                        refreshed: a retried attempt whose reply was lost is idempotent)
+--         -1 - pttl      (<= -1) held by another owner, pttl = ms left on its lease
+--         0              held by another owner, with no expiry (never set by aiodlock)
+-- (An integer rather than a table: it costs the server noticeably less.)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], ARGV[1], token)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return token
+end
+local token = redis.call('HGET', KEYS[1], ARGV[1])
+if token then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(token)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then return 0 end
+return -1 - pttl
+""",
+)
+
+ACQUIRE_FAIR = _script(
+    "acquire_fair",
+    _NOW + _PURGE,
+    """
+-- One attempt to take a lock in request order (Redisson RFairLock style).
+-- KEYS[1] lock hash      KEYS[2] fencing counter
+-- KEYS[3] queue (list of waiting owners)   KEYS[4] deadlines (zset owner -> server ms)
+-- ARGV[1] owner          ARGV[2] lease in ms
+-- ARGV[3] waiter ms: how long a queued owner keeps its place without a new attempt
+-- ARGV[4] '1': queue up when not granted (the caller will wait and retry);
+--         '0': a try-lock, leaves nothing behind
+-- returns token (>= 1)   granted (or already held by ARGV[1]: same token, lease refreshed)
+--         -1 - retry     (<= -1) not granted; retry = ms until something may change
+--                        without a message (the holder's lease end, a dead head waiter's
+--                        deadline, or the time to refresh our own place)
+--         0              not granted, no such time known
+local owner = ARGV[1]
+local token = redis.call('HGET', KEYS[1], owner)
+if token then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(token)
+end
+local now = now_ms()
+local head = purge(KEYS[3], KEYS[4], now)
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and (not head or head == owner) then
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], owner)
+  end
+  token = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], owner, token)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return token
+end
+local retry = -1
+local function consider(ms)
+  if ms >= 0 and (retry < 0 or ms < retry) then retry = ms end
+end
+if not free then consider(redis.call('PTTL', KEYS[1])) end
+if head and head ~= owner then
+  consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
+end
+if ARGV[4] == '1' then
+  local waiter_ms = tonumber(ARGV[3])
+  -- ZADD answers 1 for a new member: only then does the owner join the end of the queue;
+  -- an owner already queued keeps its place and gets a fresh deadline.
+  if redis.call('ZADD', KEYS[4], now + waiter_ms, owner) == 1 then
+    redis.call('RPUSH', KEYS[3], owner)
+  end
+  -- The queue keys vanish when no live waiter refreshes them any more.
+  redis.call('PEXPIRE', KEYS[3], waiter_ms)
+  redis.call('PEXPIRE', KEYS[4], waiter_ms)
+  consider(math.floor(waiter_ms / 3))
+end
+if retry < 0 then return 0 end
+return -1 - retry
+""",
+)
+
+RENEW = _script(
+    "renew",
+    "",
+    """
+-- Extend a lease if it is still ours.
+-- KEYS[1] lock hash
+-- ARGV[1] owner   ARGV[2] token ('' = any token of this owner)   ARGV[3] lease in ms
+-- returns 1 extended, 0 gone or held by someone else
+local token = redis.call('HGET', KEYS[1], ARGV[1])
+if token and (ARGV[2] == '' or token == ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+""",
+)
+
+RELEASE = _script(
+    "release",
+    _NOTIFY,
+    """
+-- Compare-and-delete by owner (and token), then wake the next waiter.
+-- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
+-- ARGV[1] owner          ARGV[2] token ('' = any token of this owner)
+-- ARGV[3] the name's channel               ARGV[4] prefix of the waiters' own channels
+-- returns 1 released, 0 not held by this owner (expired, taken over or force-released)
+local token = redis.call('HGET', KEYS[1], ARGV[1])
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+notify(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+return 1
+""",
+)
+
+ABANDON = _script(
+    "abandon",
+    _NOTIFY,
+    """
+-- Remove every trace of an owner's attempt (after a cancelled or failed acquire): the lock
+-- if it holds it, its place in the fair queue; wake the next waiter if that frees the way.
+-- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
+-- ARGV[1] owner          ARGV[2] the name's channel   ARGV[3] waiters' channel prefix
+-- returns 1 if the owner held the lock (now deleted), else 0
+local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+if held then
+  redis.call('DEL', KEYS[1])
+end
+local was_head = false
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  was_head = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
+  redis.call('LREM', KEYS[2], 0, ARGV[1])
+end
+if held or (was_head and redis.call('EXISTS', KEYS[1]) == 0) then
+  notify(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
+end
+if held then return 1 end
+return 0
+""",
+)
+
+FORCE_RELEASE = _script(
+    "force_release",
+    _NOTIFY,
+    """
+-- Break the lock whoever holds it (admin), then wake the next waiter.
+-- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
+-- ARGV[1] the name's channel               ARGV[2] waiters' channel prefix
+-- returns 1 if a lock was deleted, else 0
+if redis.call('DEL', KEYS[1]) == 0 then
+  return 0
+end
+notify(KEYS[2], KEYS[3], ARGV[1], ARGV[2])
+return 1
+""",
+)
+
+STATUS = _script(
+    "status",
+    _NOW,
+    """
+-- Who holds a lock (read only).
+-- KEYS[1] lock hash      KEYS[2] deadlines
+-- returns {} when free, else {owner, token, pttl, waiters}; waiters = live entries of the
+--         fair queue, -1 when the name has no fair queue
+local pairs_ = redis.call('HGETALL', KEYS[1])
+if #pairs_ < 2 then
+  return {}
+end
+local waiters = -1
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  waiters = redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf')
+end
+return {pairs_[1], tonumber(pairs_[2]), redis.call('PTTL', KEYS[1]), waiters}
+""",
+)
+
+ALL_SCRIPTS: tuple[Script, ...] = (
+    ACQUIRE,
+    ACQUIRE_FAIR,
+    RENEW,
+    RELEASE,
+    ABANDON,
+    FORCE_RELEASE,
+    STATUS,
+)

@@ -1,0 +1,1550 @@
+"""``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster: Redisson's RLock in asyncio.
+
+The protocol (key layout and Lua scripts) lives in :mod:`aiodlock.backends._redis_scripts`.
+This module has three parts, the first two reusable by the Redlock backend:
+
+* :class:`RedisNode`: the lock protocol on ONE Redis deployment through one redis.asyncio
+  client (a server, a Sentinel-managed master, or a Cluster): ``acquire`` / ``renew``
+  (pipelined) / ``release`` / ``abandon`` / ``status`` / ``force_release``, each one round
+  trip, scripts run by EVALSHA with NOSCRIPT handled, every call bounded and its errors
+  translated in one place;
+* :class:`PubSubHub`: one pub/sub connection shared by every waiter of a backend, subscribed
+  to a channel while this process has waiters on it, restored (and its waiters woken) after
+  a reconnect, and health-checked with PING;
+* :class:`RedisBackend`: the :class:`~aiodlock.backends._base.Backend` on top of them.
+
+For Redlock (N independent masters): build one client per node with
+:func:`connection_kwargs`, wrap each in a :class:`RedisNode` (``label="redlock h:p"``; its
+methods take a per-call ``timeout``; pass ``token=""`` to release/renew by owner only, since
+the nodes' tokens differ), give each node a :class:`PubSubHub` (connections from
+:func:`open_pubsub_connection`) that all share one :class:`~aiodlock._waiting.WakeupBoard`,
+and wait with a :class:`HubWaiter` whose ``listening()`` looks at those hubs.
+
+Redis' own retries are off everywhere (``Retry(NoBackoff(), 0)``): the core owns the retry
+policy, and an attempt by an owner who already holds the name is idempotent on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Literal, Self, TypeAlias
+
+import anyio
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._errors import BackendError, ConfigurationError, describe, translating
+from .._lease import LockStatus
+from .._url import ParsedURL, take_bool, take_float, take_int, take_str
+from .._waiting import Backoff, WakeupBoard
+from ._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ._redis_scripts import (
+    ABANDON,
+    ACQUIRE,
+    ACQUIRE_FAIR,
+    ALL_SCRIPTS,
+    FORCE_RELEASE,
+    RELEASE,
+    RENEW,
+    STATUS,
+    LockKeys,
+    Script,
+)
+
+__all__ = [
+    "Deadlines",
+    "HubWaiter",
+    "LockKeys",
+    "PubSubHub",
+    "RedisBackend",
+    "RedisNode",
+    "connection_kwargs",
+    "no_retry",
+    "open_pubsub_connection",
+    "take_ssl_options",
+]
+
+log = logging.getLogger("aiodlock")
+
+AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
+
+_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException)
+_TIMEOUTS: tuple[type[BaseException], ...] = (RedisTimeoutError,)
+
+DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+
+
+def no_retry() -> Retry:
+    """A redis-py retry policy that never retries (the core owns retries)."""
+    return Retry(NoBackoff(), 0)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000 + 0.5))
+
+
+# --------------------------------------------------------------------------------------------
+# one deployment
+# --------------------------------------------------------------------------------------------
+
+
+class _Deadline:
+    __slots__ = ("cancelling", "deadline", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline
+        self.cancelling = task.cancelling()
+        self.expired = False
+
+
+class Deadlines:
+    """Bounds any number of concurrent calls with ONE loop timer.
+
+    ``asyncio.timeout()`` arms and cancels a timer per call, which costs more than a tenth of
+    a loopback round trip through redis-py; here a call only registers its deadline, and a
+    single timer (re-armed for the earliest deadline when it fires) cancels overdue calls.
+    :meth:`leave` turns that cancellation into :class:`TimeoutError` with the same
+    ``uncancel()`` bookkeeping as ``asyncio.timeout()``, so an outside cancellation is never
+    mistaken for a timeout.
+    """
+
+    __slots__ = ("_active", "_handle", "_when")
+
+    def __init__(self) -> None:
+        self._active: set[_Deadline] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0.0
+
+    def enter(self, timeout: float) -> _Deadline:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("aiodlock: redis calls must run inside an asyncio task")
+        loop = task.get_loop()
+        entry = _Deadline(task, loop.time() + timeout)
+        self._active.add(entry)
+        if self._handle is None or entry.deadline < self._when:
+            self._arm(loop, entry.deadline)
+        return entry
+
+    def leave(self, entry: _Deadline, exc: BaseException | None) -> bool:
+        """Unregister; True when ``exc`` is the cancellation this timer caused."""
+        self._active.discard(entry)
+        if not entry.expired:
+            return False
+        return entry.task.uncancel() <= entry.cancelling and isinstance(exc, asyncio.CancelledError)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._when = when
+        self._handle = loop.call_at(when, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = None
+        now = loop.time()
+        earliest: float | None = None
+        for entry in self._active:
+            if entry.expired:
+                continue
+            if entry.deadline <= now:
+                entry.expired = True
+                entry.task.cancel("aiodlock: the call ran past op_timeout")
+            elif earliest is None or entry.deadline < earliest:
+                earliest = entry.deadline
+        if earliest is not None:
+            self._arm(loop, earliest)
+
+
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class _Connections:
+    """Connections borrowed from a redis.asyncio pool and reused, last in first out.
+
+    Our calls are single commands or pipelines that we send and read ourselves, so the
+    pool's per-command bookkeeping is not needed: this saves about a quarter of a round
+    trip's client-side cost.  A connection that failed was disconnected by redis-py; it is
+    connected again (through Sentinel, if that is how the pool finds its server) before it
+    is used again, and one that has unread data or was closed by the server is reset first,
+    as the pool would.
+    """
+
+    __slots__ = ("_idle", "_pool")
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._idle: list[AbstractConnection] = []
+
+    async def _take(self) -> AbstractConnection:
+        idle = self._idle
+        if not idle:
+            conn: AbstractConnection = await self._pool.get_connection()
+            return conn
+        conn = idle.pop()
+        try:
+            if conn.is_connected:
+                try:
+                    stale = await conn.can_read()
+                except (RedisError, OSError):
+                    stale = True
+                if stale:
+                    await conn.disconnect(nowait=True)
+            if not conn.is_connected:
+                # NOTE: connect() (not the implicit connect of a send) is what asks
+                # Sentinel for the current master.
+                await conn.connect()  # type: ignore[no-untyped-call]
+        except BaseException:
+            idle.append(conn)
+            raise
+        return conn
+
+    async def call(self, args: Sequence[Any]) -> Any:
+        conn = await self._take()
+        try:
+            await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+            return await conn.read_response()
+        except (RedisConnectionError, OSError):
+            self.reset()  # the others most likely lead to the same dead server
+            raise
+        finally:
+            # NOTE: on any failure (a cancellation included) redis-py has disconnected the
+            # connection already, so no reply can be left unread on it.
+            self._idle.append(conn)
+
+    def reset(self) -> None:
+        """Close the idle connections (after a failure, a reconnect, a failover)."""
+        idle, self._idle = self._idle, []
+        if idle:
+            task = asyncio.get_running_loop().create_task(self._give_back(idle))
+            task.add_done_callback(_ignore_result)
+
+    async def _give_back(self, conns: list[AbstractConnection]) -> None:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
+
+    async def batch(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send every command at once, read every reply (a ResponseError is a reply)."""
+        conn = await self._take()
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except (RedisConnectionError, OSError):
+            self.reset()
+            raise
+        finally:
+            self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
+
+
+class RedisNode:
+    """The lock protocol on one Redis deployment, through one redis.asyncio client.
+
+    Every method is ONE round trip (a NOSCRIPT reply costs a second one, once per script and
+    server), bounded by ``timeout`` (default ``op_timeout``), and raises only
+    :class:`~aiodlock.BackendError` / :class:`~aiodlock.BackendTimeout`.
+
+    ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
+    round trip: a grant that fewer than N replicas acknowledged in time is released again
+    and reported as a :class:`~aiodlock.BackendError`.
+    """
+
+    def __init__(
+        self,
+        client: AnyRedis,
+        *,
+        op_timeout: float,
+        label: str = "redis",
+        secrets: tuple[str, ...] = (),
+        sync_replicas: int = 0,
+        sync_timeout: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.is_cluster = isinstance(client, RedisCluster)
+        self.op_timeout = op_timeout
+        self.label = label
+        self.sync_replicas = sync_replicas
+        self.sync_timeout_ms = _ms(sync_timeout)
+        self._secrets = tuple(s for s in secrets if s)
+        self._conns = (
+            None if isinstance(client, RedisCluster) else _Connections(client.connection_pool)
+        )
+        self._deadlines = Deadlines()
+        #: Round trips started (a pipeline counts once): for tests and curious users.
+        self.round_trips = 0
+
+    async def aclose(self) -> None:
+        """Give borrowed connections back to the client's pool (the client stays open)."""
+        if self._conns is not None:
+            await self._conns.aclose()
+
+    def reset_connections(self) -> None:
+        """Drop idle connections (the server behind them changed or went away)."""
+        if self._conns is not None:
+            self._conns.reset()
+
+    async def _call(self, *args: Any) -> Any:
+        if self._conns is not None:
+            return await self._conns.call(args)
+        return await self.client.execute_command(*args)
+
+    async def _batch(
+        self, commands: Sequence[Sequence[Any]], *, wait_node: ClusterNode | None = None
+    ) -> list[Any]:
+        if self._conns is not None:
+            return await self._conns.batch(commands)
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            if wait_node is not None and command[0] == "WAIT":
+                # NOTE: on a Cluster, WAIT must go to the slot's master, where the pipeline
+                # sends the script before it on the same connection.
+                pipe.execute_command(*command, target_nodes=wait_node)
+            else:
+                pipe.execute_command(*command)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
+
+    def __repr__(self) -> str:
+        return f"<RedisNode {self.label}>"
+
+    @contextlib.contextmanager
+    def translate(self, what: str) -> Iterator[None]:
+        """The one place where redis-py's exceptions become aiodlock's."""
+        with translating(self.label, _ERRORS, _TIMEOUTS, what=what, secrets=self._secrets):
+            try:
+                yield
+            except AuthenticationError as exc:
+                raise BackendError(
+                    f"{self.label}: {what} failed: authentication failed, check the username "
+                    f"and password ({describe(exc, self._secrets)})"
+                ) from exc
+
+    def _translated(self, exc: BaseException, what: str) -> BaseException:
+        """``exc`` as :meth:`translate` maps it (used on the error path of hot calls, so a
+        call that succeeds does not pay for entering a context manager)."""
+        try:
+            with self.translate(what):
+                raise exc
+        except BaseException as mapped:
+            return mapped
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _bounded(self, what: str, timeout: float | None, call: Awaitable[Any]) -> Any:
+        """Await ``call`` within ``timeout`` (default ``op_timeout``), errors translated."""
+        entry = self._deadlines.enter(self._timeout(timeout))
+        try:
+            result = await call
+        except BaseException as exc:
+            raise self._failed(entry, exc, what, timeout)  # noqa: B904 - see _failed
+        self._deadlines.leave(entry, None)
+        return result
+
+    def _failed(
+        self, entry: _Deadline, exc: BaseException, what: str, timeout: float | None
+    ) -> BaseException:
+        """What a bounded call that raised ``exc`` raises (its __cause__ is set)."""
+        if self._deadlines.leave(entry, exc):
+            return self._translated(
+                TimeoutError(f"no answer within {self._timeout(timeout)} s"), what
+            )
+        if isinstance(exc, Exception):
+            # The mapped error keeps the driver's exception as __cause__.
+            return self._translated(exc, what)
+        return exc  # a cancellation from outside
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.op_timeout if timeout is None else timeout
+
+    # -- running scripts -------------------------------------------------------------------
+
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[bytes],
+        args: Sequence[Any],
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run ``script`` once (EVALSHA, EVAL on NOSCRIPT), bounded and translated."""
+        # NOTE: the hot path (every acquire and release): _bounded() and _eval() inlined.
+        self.round_trips += 1
+        entry = self._deadlines.enter(self.op_timeout if timeout is None else timeout)
+        try:
+            conns = self._conns
+            try:
+                if conns is not None:
+                    result = await conns.call(("EVALSHA", script.sha, len(keys), *keys, *args))
+                else:
+                    result = await self.client.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+            except NoScriptError:
+                # NOTE: NOSCRIPT means the script did not run, so sending it again is safe.
+                # EVAL also caches it on that server for the next EVALSHA.
+                self.round_trips += 1
+                result = await self._call("EVAL", script.source, len(keys), *keys, *args)
+        except BaseException as exc:
+            raise self._failed(entry, exc, script.name, timeout)  # noqa: B904
+        self._deadlines.leave(entry, None)
+        return result
+
+    async def _pipeline(
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[bytes], Sequence[Any]]],
+        *,
+        wait_replicas: bool,
+        use_source: bool = False,
+    ) -> list[Any]:
+        head = ("EVAL", script.source) if use_source else ("EVALSHA", script.sha)
+        commands: list[tuple[Any, ...]] = [(*head, len(k), *k, *a) for k, a in calls]
+        wait_node: ClusterNode | None = None
+        if wait_replicas:
+            commands.append(("WAIT", self.sync_replicas, self.sync_timeout_ms))
+            if isinstance(self.client, RedisCluster):
+                # (only used with one call, so every key is in one slot)
+                wait_node = _master_of(self.client, calls[0][0][0])
+        self.round_trips += 1
+        results = await self._batch(commands, wait_node=wait_node)
+        if wait_node is not None and isinstance(self.client, RedisCluster):
+            now = _master_of(self.client, calls[0][0][0])
+            if now is None or now.name != wait_node.name:
+                # The slot moved meanwhile (MOVED): that WAIT asked the wrong master.
+                results[-1] = 0
+        return results
+
+    async def run_many(
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[bytes], Sequence[Any]]],
+        *,
+        what: str,
+        timeout: float | None = None,
+        wait_replicas: bool = False,
+    ) -> tuple[list[Any], int | None]:
+        """Run ``script`` once per call in one pipeline (per Cluster node).
+
+        Returns the replies and, with ``wait_replicas``, the number of replicas that
+        acknowledged the writes (``WAIT``).  Calls that hit NOSCRIPT are sent again with
+        EVAL (they did not run).
+        """
+        if not calls:
+            return [], None
+        wait_replicas = wait_replicas and self.sync_replicas > 0
+        results = await self._bounded(
+            what, timeout, self._run_many(script, calls, wait_replicas=wait_replicas)
+        )
+        n = len(calls)
+        acks = int(results[n]) if wait_replicas else None
+        return results[:n], acks
+
+    async def _run_many(
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[bytes], Sequence[Any]]],
+        *,
+        wait_replicas: bool,
+    ) -> list[Any]:
+        results = await self._pipeline(script, calls, wait_replicas=wait_replicas)
+        n = len(calls)
+        missing = [i for i in range(n) if isinstance(results[i], NoScriptError)]
+        if missing:
+            again = await self._pipeline(
+                script, [calls[i] for i in missing], wait_replicas=wait_replicas, use_source=True
+            )
+            for i, reply in zip(missing, again, strict=False):
+                results[i] = reply
+            if wait_replicas:
+                # Both pipelines' writes must have reached the replicas.
+                results[n] = _min_acks(results[n], again[-1])
+        for reply in results:
+            if isinstance(reply, Exception):
+                raise reply
+        return results
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        keys: LockKeys,
+        owner: str,
+        lease_ms: int,
+        *,
+        fair: bool = False,
+        queue: bool = False,
+        waiter_ms: int = 0,
+        timeout: float | None = None,
+    ) -> int:
+        """One attempt: the token (``>= 1``) if granted; else ``-1 - ms`` until a retry may
+        be worth it (the holder's remaining lease...), or 0 when no such time is known."""
+        if fair:
+            script = ACQUIRE_FAIR
+            k: tuple[bytes, ...] = (keys.lock, keys.counter, keys.queue, keys.deadlines)
+            a: tuple[Any, ...] = (owner, lease_ms, waiter_ms, b"1" if queue else b"0")
+        else:
+            script = ACQUIRE
+            k = (keys.lock, keys.counter)
+            a = (owner, lease_ms)
+        if not self.sync_replicas:
+            reply: int = await self.run(script, k, a, timeout=timeout)
+            return reply
+        replies, acks = await self.run_many(
+            script, [(k, a)], what=script.name, timeout=timeout, wait_replicas=True
+        )
+        value = int(replies[0])
+        if value > 0 and acks is not None and acks < self.sync_replicas:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(BackendError):
+                    await self.release(keys, owner, str(value), timeout=timeout)
+            raise BackendError(
+                f"{self.label}: only {acks} of {self.sync_replicas} replicas acknowledged the "
+                f"grant of {keys.name!r} within {self.sync_timeout_ms} ms (sync_replicas); "
+                f"the lock was released again"
+            )
+        return value
+
+    async def renew(
+        self,
+        items: Sequence[tuple[LockKeys, str, str]],
+        lease_ms: int,
+        *,
+        timeout: float | None = None,
+    ) -> list[bool]:
+        """Extend many leases in one pipeline: ``(keys, owner, token or '')`` each.
+
+        Renewals do not wait for replicas (``sync_replicas`` guards grants): after a failover
+        the promoted replica may have no replica of its own, and demanding acknowledgements
+        then would lose every lease that the failover had kept.
+        """
+        calls = [((keys.lock,), (owner, token, lease_ms)) for keys, owner, token in items]
+        replies, _ = await self.run_many(RENEW, calls, what="renew", timeout=timeout)
+        return [reply == 1 for reply in replies]
+
+    async def release(
+        self, keys: LockKeys, owner: str, token: str = "", *, timeout: float | None = None
+    ) -> bool:
+        """Compare-and-delete by owner (and token unless ``''``); wakes the next waiter."""
+        reply = await self.run(
+            RELEASE,
+            (keys.lock, keys.queue, keys.deadlines),
+            (owner, token, keys.channel, keys.waiter_prefix),
+            timeout=timeout,
+        )
+        return bool(reply == 1)
+
+    async def abandon(self, keys: LockKeys, owner: str, *, timeout: float | None = None) -> bool:
+        """Drop the owner's hold and queue entry, if any; True if it held the lock."""
+        reply = await self.run(
+            ABANDON,
+            (keys.lock, keys.queue, keys.deadlines),
+            (owner, keys.channel, keys.waiter_prefix),
+            timeout=timeout,
+        )
+        return bool(reply == 1)
+
+    async def force_release(self, keys: LockKeys, *, timeout: float | None = None) -> bool:
+        reply = await self.run(
+            FORCE_RELEASE,
+            (keys.lock, keys.queue, keys.deadlines),
+            (keys.channel, keys.waiter_prefix),
+            timeout=timeout,
+        )
+        return bool(reply == 1)
+
+    async def status(
+        self, keys: LockKeys, *, timeout: float | None = None
+    ) -> tuple[str, int, int, int] | None:
+        """``(owner, token, pttl ms, live fair waiters or -1)`` or None when free."""
+        reply = await self.run(STATUS, (keys.lock, keys.deadlines), (), timeout=timeout)
+        if not reply:
+            return None
+        owner = reply[0]
+        if isinstance(owner, bytes):
+            owner = owner.decode("utf-8", "surrogateescape")
+        return str(owner), int(reply[1]), int(reply[2]), int(reply[3])
+
+    async def ping(self, *, timeout: float | None = None) -> None:
+        """Check that the server answers (and that we may talk to it)."""
+        self.round_trips += 1
+        await self._bounded("connect", timeout, self._ping())
+
+    async def _ping(self) -> None:
+        if self.is_cluster:
+            await self.client.execute_command("PING")
+            for script in ALL_SCRIPTS:
+                await self.client.execute_command("SCRIPT LOAD", script.source)  # all masters
+            return
+        # Load the scripts now, so the first EVALSHA does not miss.
+        commands = [("PING",)] + [("SCRIPT", "LOAD", s.source) for s in ALL_SCRIPTS]
+        for reply in await self._batch(commands):
+            if isinstance(reply, Exception):
+                raise reply
+
+
+def _master_of(cluster: RedisCluster, key: bytes) -> ClusterNode | None:
+    node: ClusterNode | None = cluster.get_node_from_key(key)  # type: ignore[arg-type]
+    return node
+
+
+def _min_acks(first: Any, second: Any) -> Any:
+    if isinstance(first, Exception):
+        return first
+    if isinstance(second, Exception):
+        return second
+    return min(int(first), int(second))
+
+
+# --------------------------------------------------------------------------------------------
+# waiting: one pub/sub connection per backend
+# --------------------------------------------------------------------------------------------
+
+
+class _Channel:
+    """What the hub knows about one channel."""
+
+    __slots__ = (
+        "inflight",
+        "key",
+        "linger",
+        "missed",
+        "on_server",
+        "ready",
+        "ready_since",
+        "requested",
+        "wake_when_ready",
+        "wanted",
+    )
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the WakeupBoard key of its waiters
+        self.wanted = 0  # local waiters
+        self.requested = False  # the last command sent on this connection was SUBSCRIBE
+        self.inflight = 0  # (UN)SUBSCRIBE commands sent and not yet answered
+        self.on_server = False  # the server has us subscribed (as of the last answer)
+        self.ready = asyncio.Event()  # subscribed, and no command in flight
+        self.ready_since: float | None = None  # monotonic time ``ready`` was last set
+        self.wake_when_ready = False  # wake every waiter once ready (after a reconnect)
+        self.missed = 0  # messages that found no local waiter to wake
+        self.linger: asyncio.TimerHandle | None = None  # the pending UNSUBSCRIBE
+
+    def set_ready(self) -> None:
+        self.ready.set()
+        self.ready_since = monotonic()
+
+    def clear_ready(self) -> None:
+        self.ready.clear()
+        self.ready_since = None
+
+
+class _HubDown(RedisConnectionError):
+    """The pub/sub connection stopped answering PING."""
+
+
+class PubSubHub:
+    """One pub/sub connection shared by every waiter of one backend (all names).
+
+    A waiter enters :meth:`subscription` for its channel before its next attempt; the hub
+    subscribes when the first local waiter of a channel arrives (and waits, bounded, until
+    the server confirmed it, so a release after the attempt cannot be missed) and
+    unsubscribes when the last one leaves.  A message wakes ONE local waiter of that channel
+    (through the :class:`~aiodlock._waiting.WakeupBoard`).  The connection is PINGed when
+    idle; when it breaks, the hub reconnects with backoff, subscribes again and then wakes
+    every waiter of each restored channel (messages may have been missed meanwhile).
+    Until a channel is confirmed, its waiters also poll with backoff.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[AbstractConnection]],
+        board: WakeupBoard,
+        *,
+        op_timeout: float,
+        connect_timeout: float,
+        ping_interval: float,
+        label: str = "redis",
+        secrets: tuple[str, ...] = (),
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        self._connect = connect
+        self._on_reconnect = on_reconnect
+        self.board = board
+        self.op_timeout = op_timeout
+        self.connect_timeout = connect_timeout
+        self.ping_interval = ping_interval
+        self.label = label
+        self._secrets = secrets
+        self._channels: dict[bytes, _Channel] = {}
+        self._conn: AbstractConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._outbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._outbox_event = asyncio.Event()
+        self._closed = False
+        #: Seconds a subscription outlives its last local waiter.
+        self.linger = 1.0
+        #: Connections made so far (the first one included): for tests.
+        self.connections = 0
+        #: Set while connected.
+        self.connected = asyncio.Event()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def is_ready(self, channel: bytes) -> bool:
+        state = self._channels.get(channel)
+        return state is not None and state.ready.is_set()
+
+    def channels(self) -> list[bytes]:
+        """Channels this process is subscribed to (or subscribing to) now."""
+        return [ch for ch, st in self._channels.items() if st.wanted]
+
+    def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"aiodlock:{self.label}:pubsub"
+            )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def ready_since(self, channel: bytes) -> float | None:
+        """Since when (monotonic) ``channel`` is confirmed without interruption, or None."""
+        state = self._channels.get(channel)
+        return None if state is None else state.ready_since
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, channel: bytes) -> AsyncIterator[_Channel]:
+        """Be subscribed to ``channel`` while inside (shared with other local waiters).
+
+        The subscription lingers for ``linger`` seconds after the last local waiter left,
+        so a task that waits again at once (a loop on a contended lock, a fair waiter on its
+        own channel) does not pay a SUBSCRIBE round trip each time.
+        """
+        state = self._channels.get(channel)
+        if state is None:
+            state = self._channels[channel] = _Channel(channel.decode("latin-1"))
+        state.wanted += 1
+        if state.linger is not None:
+            state.linger.cancel()
+            state.linger = None
+        try:
+            self.start()
+            if not state.requested and self._conn is not None:
+                state.requested = True
+                state.inflight += 1
+                state.clear_ready()
+                self._send(b"SUBSCRIBE", channel)
+            if not state.ready.is_set():
+                # Bounded: if the pub/sub connection is down the waiter polls instead.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.op_timeout):
+                        await state.ready.wait()
+            yield state
+        finally:
+            state.wanted -= 1
+            if state.wanted == 0:
+                if state.requested and self._conn is not None:
+                    loop = asyncio.get_running_loop()
+                    state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
+                elif state.inflight == 0 and self._channels.get(channel) is state:
+                    del self._channels[channel]
+
+    def _unsubscribe(self, channel: bytes, state: _Channel) -> None:
+        state.linger = None
+        if state.wanted or self._channels.get(channel) is not state:
+            return
+        if state.requested and self._conn is not None:
+            state.requested = False
+            state.inflight += 1
+            state.missed = 0
+            state.clear_ready()
+            self._send(b"UNSUBSCRIBE", channel)
+        elif state.inflight == 0:
+            del self._channels[channel]
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def _send(self, *args: Any) -> None:
+        self._outbox.append(args)
+        self._outbox_event.set()
+
+    async def _run(self) -> None:
+        backoff = Backoff(first=0.02, cap=1.0)
+        while not self._closed:
+            conn: AbstractConnection | None = None
+            served = False
+            try:
+                async with asyncio.timeout(self.connect_timeout + self.op_timeout):
+                    conn = await self._connect()
+                served = True
+                await self._serve(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug(
+                    "aiodlock: %s pub/sub connection lost: %s",
+                    self.label,
+                    describe(exc, self._secrets),
+                )
+            finally:
+                self._disconnected()
+                if conn is not None:
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(1.0),
+                        contextlib.suppress(Exception),
+                    ):
+                        await conn.disconnect(nowait=True)
+            if served:
+                backoff.reset()
+            await asyncio.sleep(backoff.next())
+
+    def _disconnected(self) -> None:
+        self._conn = None
+        self.connected.clear()
+        self._outbox.clear()
+        for channel, state in list(self._channels.items()):
+            state.requested = False
+            state.inflight = 0
+            state.on_server = False
+            state.missed = 0
+            state.clear_ready()
+            if state.linger is not None:
+                state.linger.cancel()
+                state.linger = None
+            if not state.wanted:
+                del self._channels[channel]
+
+    async def _serve(self, conn: AbstractConnection) -> None:
+        # NOTE: no await between collecting the wanted channels and publishing the
+        # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
+        self._outbox.clear()
+        wanted = [ch for ch, st in self._channels.items() if st.wanted]
+        reconnect = self.connections > 0
+        for channel in wanted:
+            state = self._channels[channel]
+            state.requested = True
+            state.inflight = 1
+            # After a reconnect, messages may have been missed: wake every waiter once the
+            # channel is back.  (On the first connection the waiters are still waiting for
+            # the subscription, and they make their attempt right after it anyway.)
+            state.wake_when_ready = reconnect
+        if wanted:
+            self._send(b"SUBSCRIBE", *wanted)
+        self._conn = conn
+        self.connections += 1
+        self.connected.set()
+        if reconnect and self._on_reconnect is not None:
+            # The server may have restarted or failed over: so may the command connections.
+            self._on_reconnect()
+        writer = asyncio.get_running_loop().create_task(
+            self._writer(conn), name=f"aiodlock:{self.label}:pubsub-writer"
+        )
+        try:
+            await self._reader(conn, writer)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(BaseException):
+                await writer
+
+    async def _writer(self, conn: AbstractConnection) -> None:
+        while True:
+            await self._outbox_event.wait()
+            self._outbox_event.clear()
+            while self._outbox:
+                args = self._outbox.popleft()
+                await conn.send_command(*args, check_health=False)
+
+    async def _reader(self, conn: AbstractConnection, writer: asyncio.Task[None]) -> None:
+        ping_sent: float | None = None
+        while True:
+            if writer.done():
+                writer.result()  # raises what broke the writer
+                raise _HubDown("the pub/sub writer stopped")
+            timeout = self.op_timeout if ping_sent is not None else self.ping_interval
+            reply = await conn.read_response(timeout=timeout, push_request=True)
+            if reply is None:
+                if ping_sent is not None:
+                    raise _HubDown(f"no answer to PING within {self.op_timeout} s")
+                ping_sent = monotonic()
+                self._send(b"PING")
+                continue
+            ping_sent = None  # anything that arrives proves the connection alive
+            self._dispatch(reply)
+
+    def _dispatch(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = reply[0]
+        if isinstance(kind, str):
+            kind = kind.encode()
+        channel = reply[1]
+        if isinstance(channel, str):
+            channel = channel.encode("latin-1")
+        state = self._channels.get(channel)
+        if kind == b"message":
+            if state is not None and state.requested and not self.board.wake_one(state.key):
+                # Nobody to wake right now: the next local waiter of this channel makes an
+                # attempt at once (it may have made its last one before this release).
+                state.missed += 1
+        elif kind == b"subscribe":
+            if state is None:
+                return
+            state.inflight = max(0, state.inflight - 1)
+            state.on_server = True
+            if state.inflight == 0 and state.requested:
+                state.set_ready()
+                if state.wake_when_ready:
+                    state.wake_when_ready = False
+                    self.board.wake_all(state.key)
+        elif kind == b"unsubscribe":
+            if state is None:
+                return
+            state.inflight = max(0, state.inflight - 1)
+            state.on_server = False
+            if state.inflight == 0 and not state.wanted and not state.requested:
+                del self._channels[channel]
+
+
+class HubWaiter:
+    """A waiter woken through a :class:`PubSubHub` (its slot on the hub's board).
+
+    ``listening()`` tells whether a release would reach this waiter by message now (its
+    channel is confirmed); while it does not, the waiter also polls with capped backoff.
+    """
+
+    __slots__ = ("_backoff", "_listening", "_slot", "skip", "woken")
+
+    def __init__(self, slot: Any, listening: Callable[[], bool]) -> None:
+        self._slot = slot
+        self._listening = listening
+        self._backoff = Backoff()
+        #: A wake-up was consumed and the attempt it calls for has not been made yet.
+        self.woken = False
+        #: The answer to the attempt made just before this waiter was entered, when that
+        #: attempt was made while the channel was already subscribed (the retry that follows
+        #: would learn nothing new: any release since then has woken a waiter here).
+        self.skip: tuple[float, Busy] | None = None
+
+    async def wait(self, timeout: float | None) -> None:
+        if not self._listening():
+            delay = self._backoff.next()
+            timeout = delay if timeout is None else min(delay, timeout)
+        slot = self._slot
+        if timeout is None:
+            await slot.event.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await slot.event.wait()
+        if slot.event.is_set():
+            # Consume the wake-up: the next sleep waits for a new one.
+            slot.event = anyio.Event()
+            self._backoff.reset()
+            self.woken = True
+
+
+# --------------------------------------------------------------------------------------------
+# the backend
+# --------------------------------------------------------------------------------------------
+
+Mode = Literal["server", "unix", "sentinel", "cluster"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Settings:
+    mode: Mode
+    tls: bool
+    hosts: tuple[tuple[str, int], ...]
+    socket_path: str | None
+    db: int
+    service_name: str | None
+    username: str | None
+    password: str | None = dataclasses.field(repr=False)
+    sentinel_username: str | None
+    sentinel_password: str | None = dataclasses.field(repr=False)
+    client_name: str | None
+    max_connections: int | None
+    ssl: dict[str, Any]
+    sync_replicas: int
+    sync_timeout: float
+    client: Any = dataclasses.field(repr=False)
+    shown: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _GrantData:
+    keys: LockKeys
+    token: str
+    fair: bool
+
+
+_SSL_CERT_REQS = ("required", "optional", "none")
+
+
+class RedisBackend(Backend):
+    """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
+
+    See ``docs/backends/redis.md`` for the algorithm, its guarantees and failure modes.
+    """
+
+    backend_name = "redis"
+    capabilities = Capability.FAIR | Capability.FENCING | Capability.CROSS_PROCESS
+
+    def __init__(self, settings: _Settings, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._namespace = config.namespace
+        self._lease_waiter_ms = _ms(config.watchdog_ttl)
+        self._board = WakeupBoard()
+        self._keys: dict[str, LockKeys] = {}  # a small cache
+        self._client: AnyRedis | None = None
+        self._owns_client = settings.client is None
+        self._sentinel: Sentinel | None = None
+        self._node: RedisNode | None = None
+        self._hub: PubSubHub | None = None
+        self._pubsub_rr = itertools.count()
+        # Local hand-off (non-fair locks): name -> until when (monotonic) a release by this
+        # process reserves the next attempt for the local waiter it woke; and the waiters
+        # of this process by (name, owner).
+        self._handoffs: dict[str, float] = {}
+        self._waiters: dict[tuple[str, str], HubWaiter] = {}
+        self._handoff_window = min(0.1, config.op_timeout)
+        # (name, owner) -> (when it was sent, answer) of an attempt that is about to be
+        # followed by entering a waiter (see HubWaiter.skip).
+        self._first_busy: dict[tuple[str, str], tuple[float, Busy]] = {}
+        secrets = (settings.password or "", settings.sentinel_password or "")
+        self._secrets = tuple(s for s in secrets if s)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        scheme = url.scheme
+        base, _, variant = scheme.partition("+")
+        tls = base == "rediss"
+        mode: Mode
+        if base == "unix":
+            mode = "unix"
+        elif variant == "sentinel":
+            mode = "sentinel"
+        elif variant == "cluster":
+            mode = "cluster"
+        else:
+            mode = "server"
+
+        client = options.pop("client", None)
+        if client is not None and not isinstance(client, aioredis.Redis | RedisCluster):
+            raise ConfigurationError(
+                "option 'client' must be a redis.asyncio.Redis or "
+                f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
+            )
+        password = take_str(options, "password", url.password, secret=True)
+        username = take_str(options, "username", url.username)
+        sentinel_password = take_str(options, "sentinel_password", None, secret=True)
+        sentinel_username = take_str(options, "sentinel_username", None)
+        client_name = take_str(options, "client_name", None)
+        max_connections = take_int(options, "max_connections", 0, minimum=0) or None
+        sync_replicas = take_int(options, "sync_replicas", 0, minimum=0, maximum=100)
+        sync_timeout = take_float(
+            options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
+        )
+        assert sync_timeout is not None
+        if sync_replicas and sync_timeout >= config.op_timeout:
+            raise ConfigurationError(
+                f"option 'sync_timeout' ({sync_timeout:g} s) must be shorter than "
+                f"'op_timeout' ({config.op_timeout:g} s): WAIT runs inside one round trip"
+            )
+        ssl = take_ssl_options(options)
+        if ssl and not tls:
+            raise ConfigurationError(
+                f"TLS options ({', '.join(sorted(ssl))}) need a rediss:// URL, not {scheme}://"
+            )
+
+        db_option = take_int(options, "db", -1, minimum=0)
+        hosts: tuple[tuple[str, int], ...] = ()
+        socket_path: str | None = None
+        service_name: str | None = None
+        db = 0
+        path = url.path
+        if client is not None:
+            if url.hosts or path not in ("", "/") or url.password is not None:
+                raise ConfigurationError(
+                    "with option 'client', the URL must not name a server "
+                    f"(use '{scheme}://'), got {url.redacted()!r}"
+                )
+            if mode in ("sentinel", "unix"):
+                raise ConfigurationError(
+                    f"option 'client' takes 'redis://' or 'redis+cluster://', not {scheme}://"
+                )
+            if (mode == "cluster") != isinstance(client, RedisCluster):
+                raise ConfigurationError(
+                    "option 'client': use 'redis+cluster://' with a RedisCluster client and "
+                    "'redis://' with a Redis client"
+                )
+        elif mode == "unix":
+            if url.hosts or not path or path == "/":
+                raise ConfigurationError(
+                    "a unix URL is 'unix:///path/to/redis.sock' (options: ?db=N&password=...)"
+                )
+            socket_path = path
+        elif mode == "server":
+            if len(url.hosts) > 1:
+                raise ConfigurationError(
+                    f"a {scheme}:// URL names one server; for several use "
+                    f"'{base}+cluster://h1:p1,h2:p2', '{base}+sentinel://...' or 'redlock://'"
+                )
+            hosts = tuple(url.host_list(DEFAULT_PORT)) or (("localhost", DEFAULT_PORT),)
+            db = _db_from_path(path)
+        elif mode == "sentinel":
+            if not url.hosts:
+                raise ConfigurationError(
+                    f"a {scheme}:// URL lists the sentinels: "
+                    f"'{scheme}://h1:26379,h2:26379/service_name'"
+                )
+            hosts = tuple(url.host_list(DEFAULT_SENTINEL_PORT))
+            parts = [p for p in path.split("/") if p]
+            if not parts or len(parts) > 2:
+                raise ConfigurationError(
+                    f"a {scheme}:// URL ends with the service name: "
+                    f"'{scheme}://h1:26379,h2:26379/mymaster' (optionally '/mymaster/DB')"
+                )
+            service_name = parts[0]
+            if len(parts) == 2:
+                db = _db_from_path("/" + parts[1])
+        else:  # cluster
+            if not url.hosts:
+                raise ConfigurationError(
+                    f"a {scheme}:// URL lists one or more nodes: '{scheme}://h1:7000,h2:7001'"
+                )
+            hosts = tuple(url.host_list(DEFAULT_PORT))
+            if path not in ("", "/", "/0"):
+                raise ConfigurationError(
+                    f"Redis Cluster has only database 0; remove {path!r} from the URL"
+                )
+        if db_option >= 0:
+            if mode == "cluster" and db_option != 0:
+                raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
+            db = db_option
+
+        shown = (
+            url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})"
+        )
+        settings = _Settings(
+            mode=mode,
+            tls=tls,
+            hosts=hosts,
+            socket_path=socket_path,
+            db=db,
+            service_name=service_name,
+            username=username,
+            password=password,
+            sentinel_username=sentinel_username,
+            sentinel_password=sentinel_password,
+            client_name=client_name,
+            max_connections=max_connections,
+            ssl=ssl,
+            sync_replicas=sync_replicas,
+            sync_timeout=sync_timeout,
+            client=client,
+            shown=shown,
+        )
+        return cls(settings, config)
+
+    def describe(self) -> str:
+        return self.settings.shown
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def node(self) -> RedisNode:
+        """The protocol on the deployment (after :meth:`open`)."""
+        if self._node is None:
+            raise BackendError("redis: the backend is not open")
+        return self._node
+
+    @property
+    def hub(self) -> PubSubHub:
+        """The shared pub/sub connection (after :meth:`open`)."""
+        if self._hub is None:
+            raise BackendError("redis: the backend is not open")
+        return self._hub
+
+    @property
+    def client(self) -> AnyRedis:
+        """The redis.asyncio client in use (after :meth:`open`)."""
+        if self._client is None:
+            raise BackendError("redis: the backend is not open")
+        return self._client
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        return connection_kwargs(
+            username=s.username,
+            password=s.password,
+            connect_timeout=self.config.connect_timeout,
+            client_name=s.client_name,
+            max_connections=s.max_connections,
+            ssl=s.ssl if s.tls else None,
+        )
+
+    def _build_client(self) -> AnyRedis:
+        s = self.settings
+        if s.client is not None:
+            client: AnyRedis = s.client
+            return client
+        kwargs = self._connection_kwargs()
+        if s.mode == "cluster":
+            return RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in s.hosts], **kwargs
+            )
+        if s.mode == "sentinel":
+            assert s.service_name is not None
+            sentinel_kwargs: dict[str, Any] = {
+                "username": s.sentinel_username,
+                "password": s.sentinel_password,
+                "socket_timeout": self.config.op_timeout,
+                "socket_connect_timeout": self.config.connect_timeout,
+                "retry": no_retry(),
+            }
+            if s.tls:
+                sentinel_kwargs["ssl"] = True
+                sentinel_kwargs.update(s.ssl)
+            self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                list(s.hosts), sentinel_kwargs=sentinel_kwargs, db=s.db, **kwargs
+            )
+            master: aioredis.Redis = self._sentinel.master_for(s.service_name)
+            return master
+        if s.mode == "unix":
+            kwargs.pop("socket_connect_timeout", None)
+            kwargs.pop("ssl", None)
+            return aioredis.Redis(unix_socket_path=s.socket_path, db=s.db, **kwargs)
+        host, port = s.hosts[0]
+        return aioredis.Redis(host=host, port=port, db=s.db, **kwargs)
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._client = self._build_client()
+        self._node = RedisNode(
+            self._client,
+            op_timeout=self.config.op_timeout,
+            label="redis",
+            secrets=self._secrets,
+            sync_replicas=self.settings.sync_replicas,
+            sync_timeout=self.settings.sync_timeout,
+        )
+        ttl = self.config.watchdog_ttl
+        self._hub = PubSubHub(
+            self._pubsub_connection,
+            self._board,
+            op_timeout=self.config.op_timeout,
+            connect_timeout=self.config.connect_timeout,
+            ping_interval=max(1.0, min(10.0, ttl / 3)),
+            label="redis",
+            secrets=self._secrets,
+            on_reconnect=self._node.reset_connections,
+        )
+        await self._node.ping(timeout=self.config.connect_timeout)
+
+    async def aclose(self) -> None:
+        hub, self._hub = self._hub, None
+        client, self._client = self._client, None
+        sentinel, self._sentinel = self._sentinel, None
+        node, self._node = self._node, None
+        if hub is not None:
+            await hub.aclose()
+        if node is not None:
+            await node.aclose()
+        if client is not None and self._owns_client:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        if sentinel is not None:
+            with contextlib.suppress(Exception):
+                await sentinel.aclose()
+
+    async def _pubsub_connection(self) -> AbstractConnection:
+        return await open_pubsub_connection(self.client, next(self._pubsub_rr))
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` in this backend's namespace."""
+        keys = self._keys.get(name)
+        if keys is None:
+            if len(self._keys) >= 4096:
+                self._keys.clear()
+            keys = self._keys[name] = LockKeys(self._namespace, name)
+        return keys
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        name = request.name
+        key = (name, request.owner)
+        waiter = self._waiters.get(key) if self._waiters else None
+        if waiter is not None:
+            skip, waiter.skip = waiter.skip, None
+            if skip is not None and not waiter.woken:
+                # NOTE: the attempt just before this one was made while this process was
+                # already subscribed to the channel: a release since then has woken a local
+                # waiter (or is counted as missed and wakes this one at once).  Asking again
+                # now cannot succeed unless the holder's lease ran out: answer locally.
+                sent, busy = skip
+                if busy.retry_after is None:
+                    return busy
+                left = busy.retry_after - (monotonic() - sent)
+                if left > 0:
+                    return Busy(left)
+        handoff = False
+        if self._handoffs and will_wait and not request.fair:
+            handoff = True
+            until = self._handoffs.get(name)
+            if until is not None:
+                left = until - monotonic()
+                if waiter is not None and waiter.woken:
+                    pass  # the woken waiter makes its attempt
+                elif left > 0:
+                    # NOTE: a release by this process just woke one of its waiters: do not
+                    # barge past it (the releasing task itself asking again, typically).
+                    # No round trip; bounded by the window in case that waiter is gone.
+                    if self._first_busy:
+                        self._first_busy.pop(key, None)
+                    return Busy(left)
+                else:
+                    del self._handoffs[name]
+        if waiter is not None:
+            waiter.woken = False
+        keys = self.keys_for(name)
+        ttl = request.ttl
+        started = monotonic()
+        try:
+            value = await self.node.acquire(
+                keys,
+                request.owner,
+                _ms(ttl),
+                fair=request.fair,
+                queue=will_wait,
+                waiter_ms=self._lease_waiter_ms,
+            )
+        finally:
+            if handoff:
+                self._handoffs.pop(name, None)
+        if value > 0:
+            if self._first_busy:
+                self._first_busy.pop(key, None)
+            data = _GrantData(keys, str(value), request.fair)
+            return Grant(name, request.owner, value, started + ttl, data)
+        busy = Busy((-1 - value) / 1000 if value else None)
+        if will_wait and waiter is None:
+            first = self._first_busy
+            if len(first) > 10_000:  # entries of owners that never came to wait
+                first.clear()
+            first[key] = (started, busy)
+        return busy
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+        return self._waiter(request)
+
+    @contextlib.asynccontextmanager
+    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
+        keys = self.keys_for(request.name)
+        # A fair waiter listens on its own channel: a release wakes only the next in line.
+        channel = keys.waiter_channel(request.owner) if request.fair else keys.channel
+        hub = self.hub
+        key = (request.name, request.owner)
+        with self._board.register(channel.decode("latin-1")) as slot:
+            async with hub.subscription(channel) as state:
+                waiter = HubWaiter(slot, lambda: hub.is_ready(channel))
+                if state.missed:
+                    # A release came while no local waiter listened: try again at once.
+                    state.missed = 0
+                    slot.event.set()
+                first = self._first_busy.pop(key, None)
+                ready_since = state.ready_since
+                if first is not None and ready_since is not None and ready_since <= first[0]:
+                    # subscribed before that attempt was sent: no need to ask again now
+                    waiter.skip = first
+                self._waiters[key] = waiter
+                try:
+                    yield waiter
+                finally:
+                    if self._waiters.get(key) is waiter:
+                        del self._waiters[key]
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        if not grants:
+            return []
+        started = monotonic()
+        items = [(_data(g).keys, g.owner, _data(g).token) for g in grants]
+        results = await self.node.renew(items, _ms(ttl))
+        expires_at = started + ttl
+        return [expires_at if ok else None for ok in results]
+
+    async def release(self, grant: Grant) -> bool:
+        data = _data(grant)
+        released = await self.node.release(data.keys, grant.owner, data.token)
+        if released and not data.fair and self._board.count(data.keys.channel_key):
+            # The release message wakes one local waiter: reserve the next attempt for it.
+            self._handoffs[grant.name] = monotonic() + self._handoff_window
+        return released
+
+    async def abandon(self, request: Request) -> None:
+        await self.node.abandon(self.keys_for(request.name), request.owner)
+
+    async def status(self, name: str) -> LockStatus | None:
+        found = await self.node.status(self.keys_for(name))
+        if found is None:
+            return None
+        owner, token, pttl, waiters = found
+        return LockStatus(
+            name,
+            owner,
+            token,
+            pttl / 1000 if pttl >= 0 else None,
+            waiters if waiters >= 0 else None,
+        )
+
+    async def force_release(self, name: str) -> bool:
+        return await self.node.force_release(self.keys_for(name))
+
+
+def connection_kwargs(
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    connect_timeout: float = 5.0,
+    client_name: str | None = None,
+    max_connections: int | None = None,
+    ssl: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for a redis.asyncio client (or pool) the way aiodlock wants it.
+
+    No driver retries, no socket timeout (each call is bounded by ``op_timeout`` on
+    aiodlock's side: one timer instead of redis-py's timer per read and task per write),
+    bytes replies.  ``ssl``: TLS options (see :func:`take_ssl_options`), ``None`` for none.
+    """
+    kwargs: dict[str, Any] = {
+        "username": username,
+        "password": password,
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout,
+        "retry": no_retry(),
+        "health_check_interval": 0,
+        "decode_responses": False,
+    }
+    if client_name is not None:
+        kwargs["client_name"] = client_name
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    if ssl is not None:
+        kwargs["ssl"] = True
+        kwargs.update(ssl)
+    return kwargs
+
+
+async def open_pubsub_connection(client: AnyRedis, index: int = 0) -> AbstractConnection:
+    """A new connection for a :class:`PubSubHub`, made like the client's own connections.
+
+    On a Cluster it goes to the ``index``-th master (round robin over reconnects; classic
+    PUBLISH reaches every node of a cluster); through Sentinel it goes to the current master.
+    """
+    conn: AbstractConnection
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+        nodes = client.get_primaries() or client.get_nodes()
+        if not nodes:
+            raise RedisClusterException("no cluster node known")
+        node = nodes[index % len(nodes)]
+        kwargs = dict(node.connection_kwargs)
+        kwargs["retry"] = no_retry()
+        conn = node.connection_class(**kwargs)
+    else:
+        conn = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    try:
+        await conn.connect()  # type: ignore[no-untyped-call]
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+        raise
+    return conn
+
+
+def _data(grant: Grant) -> _GrantData:
+    data = grant.data
+    if not isinstance(data, _GrantData):
+        raise TypeError(f"not a redis grant: {grant!r}")
+    return data
+
+
+def _db_from_path(path: str) -> int:
+    text = path.strip("/")
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ConfigurationError(f"the URL path must be the database number ('/0'), got {path!r}")
+    return int(text)
+
+
+def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the ``ssl_*`` options (for ``rediss`` URLs) and check them."""
+    ssl: dict[str, Any] = {}
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"):
+        value = take_str(options, name, None)
+        if value is not None:
+            ssl[name] = value
+    reqs = take_str(options, "ssl_cert_reqs", None)
+    if reqs is not None:
+        if reqs.lower() not in _SSL_CERT_REQS:
+            raise ConfigurationError(
+                f"option 'ssl_cert_reqs' must be one of {', '.join(_SSL_CERT_REQS)}, got {reqs!r}"
+            )
+        ssl["ssl_cert_reqs"] = reqs.lower()
+    if "ssl_check_hostname" in options:
+        ssl["ssl_check_hostname"] = take_bool(options, "ssl_check_hostname", True)
+    return ssl

@@ -1,0 +1,241 @@
+"""Sentinel and Cluster deployments started on loopback by the fixtures (conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+import aiodlock
+from aiodlock.backends._base import Grant, Request
+
+from .conftest import ClusterDeployment, SentinelDeployment
+from .redis_helpers import HANG, ClientFactory, backend_of, eventually
+
+pytestmark = pytest.mark.redis
+
+
+# -- Sentinel -----------------------------------------------------------------------------------
+
+
+async def test_sentinel_locks_and_wakes(
+    sentinel_deployment: SentinelDeployment, make_client: ClientFactory
+) -> None:
+    url = sentinel_deployment.url
+    a = await make_client(url)
+    b = await make_client(url)
+    assert "sentinel" in repr(a)
+    lock = a.lock("s:1")
+    async with lock as lease:
+        assert await b.lock("s:1").try_acquire() is None
+        status = await b.status("s:1")
+        assert status is not None
+        assert status.owner == lease.owner
+        waiting = asyncio.create_task(b.lock("s:1").acquire(timeout=HANG))
+        await eventually(lambda: bool(backend_of(b).hub.channels()))
+        released = time.monotonic()
+    second = await asyncio.wait_for(waiting, HANG)
+    assert time.monotonic() - released < 2.0
+    assert second.token > lease.token
+    # the data lives on the master the sentinels name
+    master = sentinel_deployment.master
+    assert master.port == sentinel_deployment.master_port()
+
+
+async def test_sentinel_with_sync_replicas(
+    sentinel_deployment: SentinelDeployment, make_client: ClientFactory
+) -> None:
+    a = await make_client(sentinel_deployment.url, sync_replicas=1, sync_timeout=1.0)
+    node = backend_of(a).node
+    before = node.round_trips
+    async with a.lock("sync") as lease:
+        assert node.round_trips == before + 1  # script and WAIT in one round trip
+        assert lease.token >= 1
+    too_many = await make_client(sentinel_deployment.url, sync_replicas=2, sync_timeout=0.2)
+    with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):
+        await too_many.lock("sync").acquire()
+    assert await a.status("sync") is None  # the unconfirmed grant was released again
+
+
+@pytest.mark.slow
+async def test_failover_with_sync_replicas_keeps_the_lock(
+    sentinel_factory: Any, make_client: ClientFactory
+) -> None:
+    deployment: SentinelDeployment = sentinel_factory()
+    await asyncio.to_thread(deployment.wait_failover_ready)
+    assert deployment.replica is not None
+    url = deployment.url
+    options = {"sync_replicas": 1, "watchdog_ttl": 9.0, "op_timeout": 1.0, "sync_timeout": 0.5}
+    holder = await make_client(url, **options)
+    other = await make_client(url, op_timeout=1.0, watchdog_ttl=9.0)
+    lease = await holder.lock("failover").acquire()
+
+    killed = time.monotonic()
+    await asyncio.to_thread(deployment.master.kill)
+    await asyncio.to_thread(deployment.wait_master, deployment.replica.port)
+    promoted = time.monotonic()
+
+    # The promoted replica has the lock (WAIT made sure it had the grant).
+    async def status_on_new_master() -> aiodlock.LockStatus | None:
+        try:
+            return await other.status("failover")
+        except aiodlock.BackendError:
+            return None  # still on its way to the new master
+
+    status: aiodlock.LockStatus | None = None
+
+    async def found() -> bool:
+        nonlocal status
+        status = await status_on_new_master()
+        return status is not None
+
+    await eventually(found, what="the lock on the promoted replica")
+    assert status is not None
+    assert (status.owner, status.token) == (lease.owner, lease.token)
+    assert await other.lock("failover").try_acquire() is None
+    # (A call in flight during the failover may fail with BackendError; a waiter started
+    # after it waits normally.)
+    waiting = asyncio.create_task(other.lock("failover").acquire(timeout=60))
+    # The holder's watchdog renews on the new master: the lease outlives its first ttl.
+    await eventually(
+        lambda: time.monotonic() - killed > 9.0 + 1.0, timeout=30, what="one ttl went by"
+    )
+    assert not lease.lost, lease.lost_reason
+    assert not waiting.done()
+    await holder.lock("failover").release()
+    second = await asyncio.wait_for(waiting, 30)
+    assert second.token > lease.token  # the counter came over with the grant (WAIT)
+    del promoted
+
+
+# -- Cluster ------------------------------------------------------------------------------------
+
+
+async def test_cluster_locks_on_every_node(
+    cluster_deployment: ClusterDeployment, make_client: ClientFactory
+) -> None:
+    url = cluster_deployment.url  # two of the three nodes: the third is discovered
+    a = await make_client(url)
+    b = await make_client(url)
+    names = [f"c:{i}" for i in range(30)] + ["{", "}", "a{b}c", "ünï {x}"]
+    cluster = backend_of(a).client
+    assert isinstance(cluster, RedisCluster)
+    nodes = {cluster.get_node_from_key(backend_of(a).keys_for(name).lock).name for name in names}
+    assert len(nodes) == 3  # the names land on all three masters
+    for name in names:
+        await a.lock(name).acquire()
+    for name in names:
+        assert await b.lock(name).try_acquire() is None
+        status = await b.status(name)
+        assert status is not None
+        assert status.owner.startswith(a.id)
+    for name in names:
+        await a.lock(name).release()
+    for name in names:
+        assert await b.status(name) is None
+
+
+async def test_cluster_release_wakes_waiters_on_any_node(
+    cluster_deployment: ClusterDeployment, make_client: ClientFactory
+) -> None:
+    a = await make_client(cluster_deployment.url)
+    b = await make_client(cluster_deployment.url)
+    names = [f"w:{i}" for i in range(6)]
+    for name in names:
+        await a.lock(name).acquire()
+    tasks = [asyncio.create_task(b.lock(name).acquire(timeout=HANG)) for name in names]
+    hub = backend_of(b).hub
+    await eventually(lambda: len(hub.channels()) == len(names))
+    await eventually(lambda: all(hub.is_ready(ch) for ch in hub.channels()))
+    released = time.monotonic()
+    for name in names:
+        await a.lock(name).release()
+    leases = await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert time.monotonic() - released < 3.0  # woken by messages, not lease ends
+    assert all(lease.token >= 2 for lease in leases)
+
+
+async def test_cluster_fair_and_renewals_grouped_by_node(
+    cluster_deployment: ClusterDeployment, make_client: ClientFactory
+) -> None:
+    a = await make_client(cluster_deployment.url)
+    backend = backend_of(a)
+    grants = []
+    for i in range(60):
+        grant = await backend.try_acquire(Request(f"r:{i}", "owner:1", 5.0), will_wait=False)
+        assert isinstance(grant, Grant)
+        grants.append(grant)
+    before = backend.node.round_trips
+    started = time.monotonic()
+    results = await backend.renew(grants, 8.0)
+    assert backend.node.round_trips == before + 1  # one pipeline, split by node
+    assert all(r is not None and r >= started + 8.0 for r in results)
+    for grant in grants:
+        assert await backend.release(grant)
+    # fair mode on a cluster
+    holder = a.lock("fair", fair=True)
+    await holder.acquire()
+    b = await make_client(cluster_deployment.url)
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with b.lock("fair", fair=True, timeout=HANG):
+            order.append(i)
+
+    tasks = []
+    for i in range(3):
+        tasks.append(asyncio.create_task(waiter(i)))
+
+        async def queued(n: int = i + 1) -> bool:
+            status = await a.status("fair")
+            return status is not None and (status.waiters or 0) >= n
+
+        await eventually(queued)
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert order == [0, 1, 2]
+
+
+async def test_cluster_ready_made_client(
+    cluster_deployment: ClusterDeployment, namespace: str
+) -> None:
+    node = cluster_deployment.nodes[0]
+    mine = RedisCluster(host="127.0.0.1", port=node.port)
+    try:
+        c = aiodlock.connect("redis+cluster://", client=mine, namespace=namespace)
+        async with c, c.lock("ext") as lease:
+            assert lease.token >= 1
+        assert await mine.ping()
+    finally:
+        await mine.aclose()
+
+
+@pytest.mark.slow
+async def test_cluster_sync_replicas_waits_on_the_slots_master(
+    cluster_factory: Any, make_client: ClientFactory
+) -> None:
+    deployment: ClusterDeployment = cluster_factory()
+    with_replica = deployment.nodes[0]
+    await asyncio.to_thread(deployment.add_replica, with_replica)
+    client = await make_client(deployment.url, sync_replicas=1, sync_timeout=0.3)
+    backend = backend_of(client)
+    cluster = backend.client
+    assert isinstance(cluster, RedisCluster)
+
+    def master_port(name: str) -> int:
+        return int(cluster.get_node_from_key(backend.keys_for(name).lock).port)
+
+    names = [f"n{i}" for i in range(40)]
+    replicated = next(n for n in names if master_port(n) == with_replica.port)
+    alone = next(n for n in names if master_port(n) != with_replica.port)
+    before = backend.node.round_trips
+    async with client.lock(replicated) as lease:
+        assert backend.node.round_trips == before + 1  # the script and WAIT: one pipeline
+        assert lease.token >= 1
+    # the slot's master has no replica: the grant is not confirmed, and not kept
+    with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):
+        await client.lock(alone).acquire()
+    assert await client.status(alone) is None
