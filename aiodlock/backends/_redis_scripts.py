@@ -40,6 +40,7 @@ __all__ = [
     "ALL_SCRIPTS",
     "FORCE_RELEASE",
     "RELEASE",
+    "RELEASE_TRANSFER",
     "RENEW",
     "STATUS",
     "LockKeys",
@@ -289,6 +290,37 @@ return 1
 """,
 )
 
+RELEASE_TRANSFER = _script(
+    "release_transfer",
+    _NOTIFY,
+    """
+-- Release a lock and grant it at once to a waiter of the releaser's own process (non-fair
+-- locks only): a same-process hand-off in ONE round trip, with no message (not free).
+-- KEYS[1] lock hash      KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
+-- ARGV[1] releasing owner                  ARGV[2] its token ('' = any token of this owner)
+-- ARGV[3] receiving owner (a local waiter) ARGV[4] the receiver's lease in ms
+-- ARGV[5] the name's channel               ARGV[6] prefix of the waiters' own channels
+-- returns token (>= 1)   released, and granted to ARGV[3] under this NEW token (INCR)
+--         0              not held by ARGV[1] (expired, taken over or force-released):
+--                        nothing changed, nobody was granted
+--         -1             released but not handed over (the name has a fair queue, whose
+--                        next waiter was notified exactly as RELEASE does)
+local token = redis.call('HGET', KEYS[1], ARGV[1])
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  notify(KEYS[3], KEYS[4], ARGV[5], ARGV[6])
+  return -1
+end
+local granted = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], ARGV[3], granted)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return granted
+""",
+)
+
 ABANDON = _script(
     "abandon",
     _NOTIFY,
@@ -356,6 +388,7 @@ ALL_SCRIPTS: tuple[Script, ...] = (
     ACQUIRE_FAIR,
     RENEW,
     RELEASE,
+    RELEASE_TRANSFER,
     ABANDON,
     FORCE_RELEASE,
     STATUS,

@@ -74,6 +74,7 @@ from ._redis_scripts import (
     ALL_SCRIPTS,
     FORCE_RELEASE,
     RELEASE,
+    RELEASE_TRANSFER,
     RENEW,
     STATUS,
     LockKeys,
@@ -578,6 +579,30 @@ class RedisNode:
         )
         return bool(reply == 1)
 
+    async def release_transfer(
+        self,
+        keys: LockKeys,
+        owner: str,
+        token: str,
+        receiver: str,
+        lease_ms: int,
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Release ``owner``'s hold and grant the lock to ``receiver`` in one round trip.
+
+        Returns the receiver's new token (``>= 1``), 0 when ``owner`` did not hold the lock
+        (nothing changed), -1 when it was released but not handed over (a fair queue
+        exists; its next waiter was notified as :meth:`release` does).
+        """
+        reply = await self.run(
+            RELEASE_TRANSFER,
+            (keys.lock, keys.counter, keys.queue, keys.deadlines),
+            (owner, token, receiver, lease_ms, keys.channel, keys.waiter_prefix),
+            timeout=timeout,
+        )
+        return int(reply)
+
     async def abandon(self, keys: LockKeys, owner: str, *, timeout: float | None = None) -> bool:
         """Drop the owner's hold and queue entry, if any; True if it held the lock."""
         reply = await self.run(
@@ -962,12 +987,44 @@ class HubWaiter:
     channel is confirmed); while it does not, the waiter also polls with capped backoff.
     """
 
-    __slots__ = ("_backoff", "_listening", "_slot", "skip", "woken")
+    __slots__ = (
+        "_backoff",
+        "_listening",
+        "_slot",
+        "attempting",
+        "closing",
+        "delivered",
+        "granted",
+        "owner",
+        "skip",
+        "transfer",
+        "ttl",
+        "uncertain",
+        "woken",
+    )
 
-    def __init__(self, slot: Any, listening: Callable[[], bool]) -> None:
+    def __init__(
+        self, slot: Any, listening: Callable[[], bool], *, owner: str = "", ttl: float = 0.0
+    ) -> None:
         self._slot = slot
         self._listening = listening
         self._backoff = Backoff()
+        # Same-process hand-off (see RedisBackend.release): the waiting owner and its lease.
+        self.owner = owner
+        self.ttl = ttl
+        #: A release by this process is handing the lock to this waiter right now (set when
+        #: the answer is in).
+        self.transfer: asyncio.Event | None = None
+        #: The grant a hand-off delivered, until the waiter's next attempt takes it.
+        self.delivered: Grant | None = None
+        #: A hand-off to this waiter failed half-way: the server may have granted it.
+        self.uncertain = False
+        #: An attempt of this waiter is on its way to the server.
+        self.attempting = False
+        #: An attempt of this waiter returned a grant.
+        self.granted = False
+        #: The waiter is being left.
+        self.closing = False
         #: A wake-up was consumed and the attempt it calls for has not been made yet.
         self.woken = False
         #: The answer to the attempt made just before this waiter was entered, when that
@@ -991,6 +1048,10 @@ class HubWaiter:
             slot.event = anyio.Event()
             self._backoff.reset()
             self.woken = True
+
+    def wake(self) -> None:
+        """Wake this waiter (whatever the others on its channel are doing)."""
+        self._slot.event.set()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1058,6 +1119,11 @@ class RedisBackend(Backend):
         # of this process by (name, owner).
         self._handoffs: dict[str, float] = {}
         self._waiters: dict[tuple[str, str], HubWaiter] = {}
+        # Non-fair waiters of this process by name then owner, oldest first: a release
+        # hands the lock straight to one of them (see release()).
+        self._local: dict[str, dict[str, HubWaiter]] = {}
+        #: Same-process hand-offs done in one round trip (for tests and curious users).
+        self.transfers = 0
         self._handoff_window = min(0.1, config.op_timeout)
         # (name, owner) -> (when it was sent, answer) of an attempt that is about to be
         # followed by entering a waiter (see HubWaiter.skip).
@@ -1329,6 +1395,17 @@ class RedisBackend(Backend):
         key = (name, request.owner)
         waiter = self._waiters.get(key) if self._waiters else None
         if waiter is not None:
+            if waiter.transfer is not None:
+                # A release by this process is handing the lock to this waiter: its answer
+                # decides (asking the server meanwhile could take the same grant twice).
+                await waiter.transfer.wait()
+            delivered = waiter.delivered
+            if delivered is not None:
+                # Handed over by a release of this process: no round trip.
+                waiter.delivered = None
+                waiter.woken = False
+                waiter.granted = True
+                return delivered
             skip, waiter.skip = waiter.skip, None
             if skip is not None and not waiter.woken:
                 # NOTE: the attempt just before this one was made while this process was
@@ -1363,6 +1440,10 @@ class RedisBackend(Backend):
         keys = self.keys_for(name)
         ttl = request.ttl
         started = monotonic()
+        if waiter is not None:
+            # NOTE: no await since the check of waiter.delivered: a release either handed
+            # over before (taken above) or sees this flag and picks another waiter.
+            waiter.attempting = True
         try:
             value = await self.node.acquire(
                 keys,
@@ -1375,7 +1456,11 @@ class RedisBackend(Backend):
         finally:
             if handoff:
                 self._handoffs.pop(name, None)
+            if waiter is not None:
+                waiter.attempting = False
         if value > 0:
+            if waiter is not None:
+                waiter.granted = True
             if self._first_busy:
                 self._first_busy.pop(key, None)
             data = _GrantData(keys, str(value), request.fair)
@@ -1400,7 +1485,9 @@ class RedisBackend(Backend):
         key = (request.name, request.owner)
         with self._board.register(channel.decode("latin-1")) as slot:
             async with hub.subscription(channel) as state:
-                waiter = HubWaiter(slot, lambda: hub.is_ready(channel))
+                waiter = HubWaiter(
+                    slot, lambda: hub.is_ready(channel), owner=request.owner, ttl=request.ttl
+                )
                 if state.missed:
                     # A release came while no local waiter listened: try again at once.
                     state.missed = 0
@@ -1411,11 +1498,55 @@ class RedisBackend(Backend):
                     # subscribed before that attempt was sent: no need to ask again now
                     waiter.skip = first
                 self._waiters[key] = waiter
+                local: dict[str, HubWaiter] | None = None
+                if not request.fair:
+                    local = self._local.setdefault(request.name, {})
+                    local[request.owner] = waiter
                 try:
                     yield waiter
                 finally:
+                    waiter.closing = True
                     if self._waiters.get(key) is waiter:
                         del self._waiters[key]
+                    if local is not None and local.get(request.owner) is waiter:
+                        del local[request.owner]
+                        if not local and self._local.get(request.name) is local:
+                            del self._local[request.name]
+                    if (
+                        waiter.transfer is not None
+                        or waiter.delivered is not None
+                        or (waiter.uncertain and not waiter.granted)
+                    ):
+                        with anyio.CancelScope(shield=True):
+                            await self._settle(waiter, keys)
+
+    async def _settle(self, waiter: HubWaiter, keys: LockKeys) -> None:
+        """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left it.
+
+        Runs in the waiting owner's own task, so that owner cannot meanwhile ask again.
+        """
+        transfer = waiter.transfer
+        if transfer is not None:
+            # The releaser's round trip is bounded by op_timeout.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.op_timeout * 2):
+                    await transfer.wait()
+        delivered, waiter.delivered = waiter.delivered, None
+        try:
+            if delivered is not None:
+                # Never taken (the waiter timed out or was cancelled as it came): release
+                # it, which may hand it on to another waiter of this process.
+                await self.release(delivered)
+            elif waiter.uncertain and not waiter.granted:
+                # A hand-off failed half-way and may have granted: compare-and-delete.
+                await self.node.abandon(keys, waiter.owner)
+        except Exception:
+            log.warning(
+                "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
+                "server lets it expire with its lease",
+                keys.name,
+                exc_info=True,
+            )
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
@@ -1428,11 +1559,76 @@ class RedisBackend(Backend):
 
     async def release(self, grant: Grant) -> bool:
         data = _data(grant)
+        if self._local and not data.fair and not self.node.sync_replicas:
+            waiter = self._receiver(grant.name, grant.owner)
+            if waiter is not None:
+                outcome = await self._transfer(grant, data, waiter)
+                if outcome is not None:
+                    return outcome
         released = await self.node.release(data.keys, grant.owner, data.token)
         if released and not data.fair and self._board.count(data.keys.channel_key):
             # The release message wakes one local waiter: reserve the next attempt for it.
             self._handoffs[grant.name] = monotonic() + self._handoff_window
         return released
+
+    def _receiver(self, name: str, releaser: str) -> HubWaiter | None:
+        """The oldest local non-fair waiter of ``name`` that may receive a hand-off now."""
+        waiters = self._local.get(name)
+        if not waiters:
+            return None
+        for owner, waiter in waiters.items():
+            if (
+                owner != releaser
+                and waiter.transfer is None
+                and waiter.delivered is None
+                and not waiter.attempting
+                and not waiter.closing
+            ):
+                return waiter
+        return None
+
+    async def _transfer(self, grant: Grant, data: _GrantData, waiter: HubWaiter) -> bool | None:
+        """Release ``grant`` handing the lock to ``waiter`` (one round trip).
+
+        Returns what :meth:`release` returns, or None when the script failed (the caller
+        then releases the usual way).
+        """
+        keys = data.keys
+        done = asyncio.Event()
+        waiter.transfer = done
+        ttl = waiter.ttl
+        started = monotonic()  # before sending: the delivered lease is conservative
+        try:
+            value = await self.node.release_transfer(
+                keys, grant.owner, data.token, waiter.owner, _ms(ttl)
+            )
+        except BaseException as exc:
+            # The script may or may not have run: the waiter asks the server itself (an
+            # attempt by an owner that holds the lock gets it again), and if it leaves
+            # without a grant its exit compare-and-deletes by owner.
+            waiter.uncertain = True
+            waiter.transfer = None
+            done.set()
+            waiter.wake()
+            if isinstance(exc, BackendError):
+                return None
+            raise
+        if value > 0:
+            waiter.delivered = Grant(
+                grant.name, waiter.owner, value, started + ttl, _GrantData(keys, str(value), False)
+            )
+            self.transfers += 1
+        waiter.transfer = None
+        done.set()
+        if value > 0:
+            waiter.wake()
+            return True
+        if value < 0:
+            # Released without a hand-over (a fair queue exists): as release() does.
+            if self._board.count(keys.channel_key):
+                self._handoffs[grant.name] = monotonic() + self._handoff_window
+            return True
+        return False
 
     async def abandon(self, request: Request) -> None:
         await self.node.abandon(self.keys_for(request.name), request.owner)

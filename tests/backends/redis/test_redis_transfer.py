@@ -1,0 +1,343 @@
+"""Same-process hand-off: a release hands a non-fair lock straight to a local waiter."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import aiodlock
+from aiodlock.backends._base import Busy, Grant, Request, monotonic
+from aiodlock.backends.redis import HubWaiter, RedisBackend
+
+from .redis_helpers import HANG, ClientFactory, backend_of, eventually
+
+pytestmark = pytest.mark.redis
+
+
+def _lock_key(namespace: str, name: str) -> bytes:
+    return f"{namespace}:{{{name}}}".encode()
+
+
+async def _script_calls(raw: aioredis.Redis) -> int:
+    stats = await raw.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+def _idle_waiter(backend: RedisBackend, name: str, owner: str | None = None) -> bool:
+    """A local non-fair waiter of ``name`` is registered and not asking the server now."""
+    waiters = backend._local.get(name, {})
+    return any(
+        (owner is None or o == owner) and not w.attempting and w.transfer is None
+        for o, w in waiters.items()
+    )
+
+
+class _Holder:
+    """A task that acquires a lock and keeps it until told (a task that ends releases)."""
+
+    def __init__(self, lock: aiodlock.Lock, timeout: float) -> None:
+        self.lease: asyncio.Future[aiodlock.Lease] = asyncio.get_running_loop().create_future()
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self._run(lock, timeout))
+
+    async def _run(self, lock: aiodlock.Lock, timeout: float) -> None:
+        try:
+            lease = await lock.acquire(timeout=timeout)
+        except BaseException as exc:
+            self.lease.set_exception(exc)
+            raise
+        self.lease.set_result(lease)
+        await self.stop.wait()
+        await lock.release()
+
+    async def result(self) -> aiodlock.Lease:
+        return await asyncio.wait_for(asyncio.shield(self.lease), HANG)
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, HANG)
+
+
+async def _hold(backend: RedisBackend, name: str, owner: str) -> Grant:
+    got = await backend.try_acquire(Request(name, owner, 30.0), will_wait=False)
+    assert isinstance(got, Grant)
+    return got
+
+
+async def test_a_same_process_handoff_is_one_round_trip(
+    client: aiodlock.Client, raw: aioredis.Redis, namespace: str
+) -> None:
+    backend = backend_of(client)
+    holder = await client.lock("one-trip").acquire()
+    waiting = _Holder(client.lock("one-trip"), HANG)
+    await eventually(lambda: _idle_waiter(backend, "one-trip"), what="a local waiter")
+    trips = backend.node.round_trips
+    calls = await _script_calls(raw)
+    await client.lock("one-trip").release()
+    lease = await waiting.result()
+    # The release script handed it over; the woken waiter took it without asking again.
+    assert backend.node.round_trips - trips == 1
+    assert await _script_calls(raw) - calls == 1
+    assert backend.transfers == 1
+    assert lease.token == holder.token + 1
+    assert await raw.hgetall(_lock_key(namespace, "one-trip")) == {
+        lease.owner.encode(): str(lease.token).encode()
+    }
+    pttl = await raw.pttl(_lock_key(namespace, "one-trip"))
+    assert 0 < pttl <= 30_000
+    await waiting.finish()
+    assert await raw.exists(_lock_key(namespace, "one-trip")) == 0
+
+
+async def test_a_waiter_leaving_with_an_untaken_handoff_releases_it(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str
+) -> None:
+    # The acquire loop's deadline case: the hand-off lands, the waiter leaves without
+    # another attempt.  Its exit must give the lock back.
+    client = await make_client()
+    other = await make_client()
+    backend = backend_of(client)
+    grant = await _hold(backend, "untaken", "me:1")
+    request = Request("untaken", "me:2", 30.0)
+    async with backend.waiter(request) as waiter:
+        assert await backend.release(grant) is True
+        assert isinstance(waiter, HubWaiter)
+        assert waiter.delivered is not None
+        assert waiter.delivered.token == grant.token + 1
+        assert (await raw.hgetall(_lock_key(namespace, "untaken"))) == {
+            b"me:2": str(grant.token + 1).encode()
+        }
+    assert await raw.exists(_lock_key(namespace, "untaken")) == 0
+    lease = await other.lock("untaken").try_acquire()
+    assert lease is not None
+    assert lease.token == grant.token + 2
+
+
+async def test_a_waiter_leaving_while_the_handoff_is_in_flight_releases_it(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str, monkeypatch: Any
+) -> None:
+    client = await make_client()
+    other = await make_client()
+    backend = backend_of(client)
+    node = backend.node
+    grant = await _hold(backend, "in-flight", "me:1")
+    sent = asyncio.Event()
+    go_on = asyncio.Event()
+    original = node.release_transfer
+
+    async def slow(*args: Any, **kwargs: Any) -> int:
+        sent.set()
+        await go_on.wait()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(node, "release_transfer", slow)
+    request = Request("in-flight", "me:2", 30.0)
+    async with backend.waiter(request):
+        releasing = asyncio.create_task(backend.release(grant))
+        await asyncio.wait_for(sent.wait(), HANG)
+        # Leave now: the exit waits for the answer, then gives the delivered lock back.
+        asyncio.get_running_loop().call_soon(go_on.set)
+    assert await asyncio.wait_for(releasing, HANG) is True
+    assert backend.transfers == 1
+    assert await raw.exists(_lock_key(namespace, "in-flight")) == 0
+    assert await other.lock("in-flight").try_acquire() is not None
+
+
+async def test_a_waiter_cancelled_right_after_the_handoff_leaves_no_lock(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str, monkeypatch: Any
+) -> None:
+    client = await make_client()
+    other = await make_client()
+    backend = backend_of(client)
+    node = backend.node
+    await client.lock("cancelled").acquire()
+    waiting = asyncio.create_task(client.lock("cancelled").acquire(timeout=HANG))
+    await eventually(lambda: _idle_waiter(backend, "cancelled"), what="a local waiter")
+    original = node.release_transfer
+
+    async def then_cancel(*args: Any, **kwargs: Any) -> int:
+        value = await original(*args, **kwargs)
+        waiting.cancel()  # lands before the waiter can take the grant
+        return value
+
+    monkeypatch.setattr(node, "release_transfer", then_cancel)
+    await client.lock("cancelled").release()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, HANG)
+    assert backend.transfers == 1
+    assert await raw.exists(_lock_key(namespace, "cancelled")) == 0
+    assert await other.lock("cancelled").try_acquire() is not None
+
+
+async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str, monkeypatch: Any
+) -> None:
+    # Through the public API: the hand-off answer comes only after the waiter's deadline.
+    # The waiter's last attempt waits for that answer (asking the server meanwhile could
+    # not tell), so it ends holding the lock, and it is the only holder.
+    client = await make_client()
+    other = await make_client()
+    backend = backend_of(client)
+    node = backend.node
+    await client.lock("late").acquire()
+    waiting = _Holder(client.lock("late"), 0.5)
+    await eventually(lambda: _idle_waiter(backend, "late"), what="a local waiter")
+    original = node.release_transfer
+
+    async def late(*args: Any, **kwargs: Any) -> int:
+        value = await original(*args, **kwargs)
+        await asyncio.sleep(0.7)  # past the waiter's deadline
+        return value
+
+    monkeypatch.setattr(node, "release_transfer", late)
+    await client.lock("late").release()
+    lease = await waiting.result()
+    assert backend.transfers == 1
+    assert await raw.hgetall(_lock_key(namespace, "late")) == {
+        lease.owner.encode(): str(lease.token).encode()
+    }
+    assert await other.lock("late").try_acquire() is None
+    await waiting.finish()
+    assert await raw.exists(_lock_key(namespace, "late")) == 0
+
+
+async def test_the_waiter_takes_the_delivered_grant_without_a_round_trip(
+    client: aiodlock.Client,
+) -> None:
+    backend = backend_of(client)
+    grant = await _hold(backend, "taken", "me:1")
+    request = Request("taken", "me:2", 12.0)
+    async with backend.waiter(request):
+        before = monotonic()
+        assert await backend.release(grant) is True
+        trips = backend.node.round_trips
+        got = await backend.try_acquire(request, will_wait=True)
+        assert isinstance(got, Grant)
+        assert backend.node.round_trips == trips
+        assert got.token == grant.token + 1
+        assert got.owner == "me:2"
+        assert got.expires_at is not None
+        assert before <= got.expires_at - 12.0 <= monotonic()
+    # Taken: leaving the waiter keeps it.
+    status = await backend.status("taken")
+    assert status is not None
+    assert status.owner == "me:2"
+    assert await backend.release(got) is True
+
+
+async def test_release_of_a_lease_no_longer_held_hands_nothing_over(
+    client: aiodlock.Client, raw: aioredis.Redis, namespace: str
+) -> None:
+    backend = backend_of(client)
+    grant = await _hold(backend, "gone", "me:1")
+    await raw.delete(_lock_key(namespace, "gone"))
+    request = Request("gone", "me:2", 30.0)
+    async with backend.waiter(request) as waiter:
+        assert await backend.release(grant) is False
+        assert isinstance(waiter, HubWaiter)
+        assert waiter.delivered is None
+    assert backend.transfers == 0
+    assert await raw.exists(_lock_key(namespace, "gone")) == 0
+
+
+async def test_a_failed_transfer_falls_back_to_a_plain_release(
+    client: aiodlock.Client, raw: aioredis.Redis, namespace: str, monkeypatch: Any
+) -> None:
+    backend = backend_of(client)
+    holder = await client.lock("fallback").acquire()
+
+    async def broken(*args: Any, **kwargs: Any) -> int:
+        raise aiodlock.BackendError("redis: release_transfer failed: injected")
+
+    monkeypatch.setattr(backend.node, "release_transfer", broken)
+    waiting = _Holder(client.lock("fallback"), HANG)
+    await eventually(lambda: _idle_waiter(backend, "fallback"), what="a local waiter")
+    await client.lock("fallback").release()
+    lease = await waiting.result()
+    assert lease.token == holder.token + 1
+    assert backend.transfers == 0
+    assert await raw.hget(_lock_key(namespace, "fallback"), lease.owner) is not None
+    await waiting.finish()
+
+
+async def test_fair_locks_keep_their_queue(client: aiodlock.Client) -> None:
+    backend = backend_of(client)
+    await client.lock("fair", fair=True).acquire()
+    waiting = asyncio.create_task(client.lock("fair", fair=True).acquire(timeout=HANG))
+    await eventually(lambda: len(backend._waiters) == 1, what="a fair waiter")
+    assert "fair" not in backend._local
+    await client.lock("fair", fair=True).release()
+    await asyncio.wait_for(waiting, HANG)
+    assert backend.transfers == 0
+
+
+async def test_tokens_increase_and_nobody_overlaps_under_contention(
+    make_client: ClientFactory,
+) -> None:
+    clients = [await make_client(), await make_client()]
+    inside = 0
+    overlaps = 0
+    tokens: list[int] = []
+
+    async def worker(client: aiodlock.Client, rounds: int) -> None:
+        nonlocal inside, overlaps
+        for i in range(rounds):
+            async with client.lock("busy", timeout=HANG) as lease:
+                inside += 1
+                if inside != 1:
+                    overlaps += 1
+                tokens.append(lease.token)
+                await asyncio.sleep(0 if i % 3 else 0.001)
+                inside -= 1
+
+    workers = [worker(c, 30) for c in clients for _ in range(6)]
+    await asyncio.wait_for(asyncio.gather(*workers), HANG * 3)
+    assert overlaps == 0
+    assert len(tokens) == 12 * 30
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    assert sum(backend_of(c).transfers for c in clients) > 0
+    for client in clients:
+        assert not backend_of(client)._local
+
+
+async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
+    client: aiodlock.Client,
+) -> None:
+    # Waiters that are asleep when the release comes get the lock in one round trip: with
+    # 4 tasks each holding the lock in turn, most owner changes are hand-offs.
+    backend = backend_of(client)
+    tokens: list[int] = []
+
+    async def worker() -> None:
+        for _ in range(20):
+            async with client.lock("turns", timeout=HANG) as lease:
+                tokens.append(lease.token)
+                await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
+    assert all(a < b for a, b in itertools.pairwise(tokens))
+    assert backend.transfers >= 20
+    assert not backend._local
+    assert await backend.status("turns") is None
+
+
+async def test_abandon_after_a_handoff_deletes_only_its_own_owner(
+    client: aiodlock.Client, raw: aioredis.Redis, namespace: str
+) -> None:
+    backend = backend_of(client)
+    grant = await _hold(backend, "abandon", "me:1")
+    request = Request("abandon", "me:2", 30.0)
+    async with backend.waiter(request):
+        assert await backend.release(grant) is True
+        got = await backend.try_acquire(request, will_wait=True)
+        assert isinstance(got, Grant)
+    await backend.abandon(Request("abandon", "me:3", 30.0))  # not the holder: no effect
+    assert await raw.hget(_lock_key(namespace, "abandon"), "me:2") is not None
+    await backend.abandon(request)
+    assert await raw.exists(_lock_key(namespace, "abandon")) == 0
+    busy = await backend.try_acquire(Request("abandon", "me:4", 30.0), will_wait=False)
+    assert not isinstance(busy, Busy)
