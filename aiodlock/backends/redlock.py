@@ -1,0 +1,1474 @@
+"""``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
+
+Each master keeps the same data as a plain ``redis://`` lock: the key layout and the Lua
+scripts of :mod:`aiodlock.backends._redis_scripts` (shared with the Redis backend, run by
+SHA).  This module adds the quorum on top:
+
+1. note the start on the monotonic clock;
+2. ask every node AT ONCE, each answer awaited at most ``node_timeout``; a node that times
+   out or fails counts as a no;
+3. the lock is held only if a majority (``N // 2 + 1``) said yes and the time spent is
+   below the ttl: the lease is then valid until ``start + ttl - drift`` with
+   ``drift = ttl * drift_factor + 2 ms``;
+4. otherwise the attempt is undone on every node that granted or did not answer (all at
+   once) and the waiting loop of the core tries again later (after a random pause of at
+   most ``retry_delay`` when the vote was split);
+5. renewals (batched by the core's watchdog) and releases fan out the same way;
+6. a waiter listens to the release channel of the name on every node (one shared pub/sub
+   connection per node, :class:`aiodlock.backends.redis.PubSubHub`) and also retries at
+   random intervals, so a lost message or a dead node never strands it;
+7. the fencing token is the largest of the per-node ``INCR`` counters among the nodes that
+   granted; when they differ, the lagging counters are raised to it on a majority before the
+   grant is returned (so that, while no counter is lost, every later grant sees it);
+8. ``rejoin_delay``: a node that lost its data (a restart without persistence, detected by a
+   marker key that vanished) does not count towards a majority until that long after it was
+   first seen empty.
+
+Each node is spoken to over ONE pipelined connection (:class:`_Link`): requests are written
+in order and the replies matched in order, so a fan-out costs one write per node and one
+wake-up of the caller, not a task and a pooled connection per node; and every request to a
+node runs after the ones sent before it (an attempt's clean-up can never overtake the
+attempt, even on a node that was paused in between).  A request that is not answered in
+time is not cancelled on the wire: its reply is read and dropped when it comes.
+
+See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Final, Self
+
+import anyio
+import hiredis
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+
+from .._errors import BackendError, BackendTimeout, ConfigurationError, describe, translating
+from .._lease import LockStatus
+from .._url import ParsedURL, take_float, take_str
+from .._waiting import WakeupBoard
+from ._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ._redis_scripts import (
+    ABANDON,
+    ACQUIRE,
+    ALL_SCRIPTS,
+    FORCE_RELEASE,
+    RELEASE,
+    RENEW,
+    STATUS,
+    LockKeys,
+    Script,
+)
+from .redis import PubSubHub, no_retry
+
+__all__ = ["RAISE_COUNTER", "REJOIN", "RedlockBackend"]
+
+log = logging.getLogger("aiodlock")
+
+DEFAULT_PORT: Final = 6379
+#: ``node_timeout`` when not given: ``min(50 ms, ttl / 100)`` but at least this.
+MIN_NODE_TIMEOUT: Final = 0.01
+MAX_AUTO_NODE_TIMEOUT: Final = 0.05
+#: Added to ``ttl * drift_factor`` (the Redlock paper's 2 ms for the timer resolution).
+DRIFT_FLOOR: Final = 0.002
+
+# -- the two scripts Redlock adds (the lock itself uses the shared ones) ----------------------
+
+RAISE_COUNTER = Script(
+    "raise_counter",
+    """-- Raise a fencing counter to at least a token handed out by another node (Redlock).
+-- KEYS[1] fencing counter
+-- ARGV[1] the token
+-- returns the counter after the call
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if current < wanted then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return wanted
+end
+return current
+""",
+)
+
+REJOIN = Script(
+    "rejoin",
+    """-- When may this node's votes count?  (run on every new connection with rejoin_delay)
+-- A marker key holds the server time (ms) from which the node counts.  A node that lost its
+-- data (restarted without persistence, flushed) has no marker: it counts only rejoin_delay
+-- after the first client saw it empty, when every lease it may have forgotten has ended.
+-- KEYS[1] marker
+-- ARGV[1] rejoin delay in ms
+-- returns ms until the node counts (0 or less: now)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local from = redis.call('GET', KEYS[1])
+if not from then
+  from = now + tonumber(ARGV[1])
+  redis.call('SET', KEYS[1], from)
+end
+return tonumber(from) - now
+""",
+)
+
+_SCRIPTS: Final = (*ALL_SCRIPTS, RAISE_COUNTER)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000 + 0.5))
+
+
+# --------------------------------------------------------------------------------------------
+# one pipelined connection per node
+# --------------------------------------------------------------------------------------------
+
+
+class ReplyError(Exception):
+    """An error reply of a Redis server (``-ERR ...``, ``-NOSCRIPT ...``)."""
+
+
+class NodeConnectionError(ConnectionError):
+    """The connection to a node broke (or could not be made)."""
+
+
+_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
+
+#: What a request's callback receives: the decoded reply or one of these exceptions
+#: (never raised: a reply error or a broken connection is a result like any other).
+OnReply = Callable[[Any], None]
+
+
+Arg = bytes | str | int
+
+
+def pack(*args: Arg) -> bytes:
+    """One command in the Redis protocol (RESP)."""
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
+    for arg in args:
+        data: bytes
+        if type(arg) is bytes:
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode("utf-8", "surrogatepass")
+        elif isinstance(arg, bytes):
+            data = bytes(arg)
+        else:
+            data = b"%d" % arg
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
+    return b"".join(parts)
+
+
+class _Call:
+    """One run of a script, packed once however many nodes it is sent to."""
+
+    __slots__ = ("_data", "args", "keys", "script")
+
+    def __init__(self, script: Script, keys: Sequence[bytes], args: Sequence[Arg]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        """``EVALSHA sha numkeys keys... args...``"""
+        if self._data is None:
+            self._data = pack(b"EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        return self._data
+
+    def with_source(self) -> bytes:
+        """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
+        return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
+
+
+class _Pipe(asyncio.Protocol):
+    """The protocol side of one connection: replies are handed to callbacks in order."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._reader = hiredis.Reader(replyError=ReplyError)
+        self._waiting: collections.deque[OnReply] = collections.deque()
+        self._sent_at: collections.deque[float] = collections.deque()
+        #: Why the connection is unusable, once it is.
+        self.broken: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self._waiting
+        while waiting:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.close(NodeConnectionError(f"protocol error: {exc}"))
+                return
+            if reply is False:
+                return
+            self._sent_at.popleft()
+            callback = waiting.popleft()
+            try:
+                callback(reply)
+            except Exception:  # pragma: no cover - a bug in a callback must not desync us
+                log.exception("aiodlock: a redlock reply handler failed")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
+
+    def _fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        self._sent_at.clear()
+        for callback in waiting:
+            try:
+                callback(self.broken)
+            except Exception:  # pragma: no cover - see data_received
+                log.exception("aiodlock: a redlock reply handler failed")
+
+    def close(self, error: BaseException) -> None:
+        """Give up on the connection: every unanswered request gets ``error``."""
+        self._fail(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
+        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order."""
+        if self.broken is not None:
+            for callback in callbacks:
+                callback(self.broken)
+            return
+        now = monotonic()
+        for callback in callbacks:
+            self._waiting.append(callback)
+            self._sent_at.append(now)
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def oldest(self) -> float | None:
+        """When the oldest unanswered request was sent."""
+        return self._sent_at[0] if self._sent_at else None
+
+
+class _Link:
+    """ONE pipelined connection to one node, made (again) on demand.
+
+    Requests made while the connection is being made are sent, in order, once it is ready;
+    a connection whose oldest request has waited longer than ``op_timeout`` is dropped (the
+    server is gone or stopped) and the next request makes a new one.
+    """
+
+    def __init__(self, backend: RedlockBackend, node: _Node, host: str, port: int) -> None:
+        self._backend = backend
+        self._node = node
+        self._host = host
+        self._port = port
+        self._pipe: _Pipe | None = None
+        self._connecting: asyncio.Task[_Pipe] | None = None
+        self.closed = False
+        #: Connections made so far (for tests and the curious).
+        self.connections = 0
+
+    def _usable(self) -> _Pipe | None:
+        pipe = self._pipe
+        if pipe is None:
+            return None
+        if pipe.broken is None and pipe.transport is not None and not pipe.transport.is_closing():
+            oldest = pipe.oldest()
+            limit = self._backend.config.op_timeout
+            if oldest is None or monotonic() - oldest <= limit:
+                return pipe
+            pipe.close(BackendTimeout(f"{self._node.label}: no answer within {limit:g} s"))
+        self._pipe = None
+        return None
+
+    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
+        if self.closed:
+            error = NodeConnectionError("the backend is closed")
+            for callback in callbacks:
+                callback(error)
+            return
+        pipe = self._usable()
+        if pipe is not None:
+            pipe.send(data, callbacks)
+            return
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"aiodlock:{self._node.label}:connect"
+            )
+            # NOTE: registered first, so the new pipe is in place before the requests that
+            # waited for it are sent (in the order they came).
+            task.add_done_callback(self._connected)
+
+        def send_when_ready(task: asyncio.Task[_Pipe]) -> None:
+            if task.cancelled():
+                error: BaseException = NodeConnectionError("the connection attempt was cancelled")
+            elif (exc := task.exception()) is not None:
+                error = exc
+            else:
+                task.result().send(data, callbacks)
+                return
+            for callback in callbacks:
+                callback(error)
+
+        task.add_done_callback(send_when_ready)
+
+    def _connected(self, task: asyncio.Task[_Pipe]) -> None:
+        if self._connecting is task:
+            self._connecting = None
+        if not task.cancelled() and task.exception() is None:
+            self._pipe = task.result()
+
+    async def _connect(self) -> _Pipe:
+        backend = self._backend
+        loop = asyncio.get_running_loop()
+        pipe: _Pipe | None = None
+        try:
+            async with asyncio.timeout(backend.config.connect_timeout):
+                _, pipe = await loop.create_connection(_Pipe, self._host, self._port)
+                await self._handshake(pipe)
+        except BaseException as exc:
+            if pipe is not None:
+                pipe.close(NodeConnectionError("the connection attempt failed"))
+            if isinstance(exc, TimeoutError):
+                raise NodeConnectionError(
+                    f"no connection within {backend.config.connect_timeout:g} s"
+                ) from exc
+            raise
+        self.connections += 1
+        return pipe
+
+    async def _handshake(self, pipe: _Pipe) -> None:
+        """AUTH, SELECT, load the scripts, and the rejoin check: one round trip."""
+        s = self._backend.settings
+        commands: list[bytes] = []
+        if s.password is not None:
+            auth = (s.username, s.password) if s.username else (s.password,)
+            commands.append(pack(b"AUTH", *auth))
+        if s.db:
+            commands.append(pack(b"SELECT", s.db))
+        commands += [pack(b"SCRIPT", b"LOAD", script.source) for script in _SCRIPTS]
+        rejoin = s.rejoin_delay > 0
+        if rejoin:
+            marker = self._backend.marker
+            commands.append(pack(b"EVAL", REJOIN.source, 1, marker, _ms(s.rejoin_delay)))
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in commands]
+        pipe.send(b"".join(commands), [_resolver(f) for f in futures])
+        replies = [await f for f in futures]
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                text = str(reply)
+                if text.startswith(("WRONGPASS", "NOAUTH")) or "AUTH" in text:
+                    raise ReplyError(
+                        f"authentication failed, check the username and password: {text}"
+                    )
+                raise reply
+        if rejoin:
+            left = replies[-1] if isinstance(replies[-1], int) else 0
+            self._node.counts_after = monotonic() + max(0, left) / 1000
+            if left > 0:
+                log.warning(
+                    "aiodlock: %s has lost its data (restarted without persistence?); its "
+                    "votes count again in %.1f s (rejoin_delay)",
+                    self._node.label,
+                    left / 1000,
+                )
+
+    def eval(self, call: _Call, deliver: OnReply) -> None:
+        """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
+        self.send(call.data, [self._on_eval(call, deliver)])
+
+    def eval_many(self, calls: Sequence[_Call], deliver: OnReply) -> None:
+        """Run scripts in one write; ``deliver`` gets the list of replies (or the first
+        failure)."""
+        if not calls:
+            deliver([])
+            return
+        replies: list[Any] = [None] * len(calls)
+        left = [len(calls)]
+
+        def collector(index: int) -> OnReply:
+            def collect(reply: Any) -> None:
+                replies[index] = reply
+                left[0] -= 1
+                if not left[0]:
+                    failed = [r for r in replies if isinstance(r, BaseException)]
+                    deliver(failed[0] if failed else replies)
+
+            return collect
+
+        callbacks = [self._on_eval(call, collector(i)) for i, call in enumerate(calls)]
+        self.send(b"".join(call.data for call in calls), callbacks)
+
+    def _on_eval(self, call: _Call, deliver: OnReply) -> OnReply:
+        def on_reply(reply: Any) -> None:
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                # NOTE: NOSCRIPT means it did not run: send it again with its source (only
+                # after a SCRIPT FLUSH: every connection loads the scripts first).
+                self.send(call.with_source(), [deliver])
+                return
+            deliver(reply)
+
+        return on_reply
+
+    def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
+        self.send(pack(*args), [deliver])
+
+    def close(self) -> None:
+        self.closed = True
+        task, self._connecting = self._connecting, None
+        if task is not None:
+            task.cancel()
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close(NodeConnectionError("the backend was closed"))
+
+
+def _settle(future: asyncio.Future[Any], reply: Any) -> None:
+    if not future.done():
+        future.set_result(reply)
+
+
+def _resolver(future: asyncio.Future[Any]) -> OnReply:
+    return lambda reply: _settle(future, reply)
+
+
+# --------------------------------------------------------------------------------------------
+# one node
+# --------------------------------------------------------------------------------------------
+
+
+class _Node:
+    """One Redis master: its pipelined link, its pub/sub hub, its standing."""
+
+    __slots__ = ("address", "counts_after", "hub", "index", "label", "link", "pool", "secrets")
+
+    def __init__(self, index: int, address: str, secrets: tuple[str, ...]) -> None:
+        self.index = index
+        self.address = address
+        self.secrets = secrets
+        self.label = f"redlock node {address}"
+        #: Monotonic time from which this node's votes count (``rejoin_delay``).
+        self.counts_after = -math.inf
+        self.link: _Link
+        self.pool: aioredis.ConnectionPool
+        self.hub: PubSubHub
+
+    def counts(self, now: float) -> bool:
+        return now >= self.counts_after
+
+    @contextlib.contextmanager
+    def translate(self, what: str) -> Iterator[None]:
+        """The one place where this node's failures become aiodlock's exceptions."""
+        with translating(self.label, _ERRORS, what=what, secrets=self.secrets):
+            yield
+
+    def error(self, exc: BaseException, what: str) -> BackendError:
+        """``exc`` as :meth:`translate` maps it."""
+        try:
+            with self.translate(what):
+                raise exc
+        except BackendError as mapped:
+            return mapped
+        except BaseException as other:  # pragma: no cover - not a node failure
+            return BackendError(f"{self.label}: {what} failed: {describe(other)}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"<redlock node {self.index} {self.address}>"
+
+
+# --------------------------------------------------------------------------------------------
+# waiting
+# --------------------------------------------------------------------------------------------
+
+
+class _Local:
+    """What this process knows about one name (keyed by the name's channel)."""
+
+    __slots__ = ("attempts", "holder", "holder_until", "missed")
+
+    def __init__(self) -> None:
+        self.holder: str | None = None  # a local owner holding it ...
+        self.holder_until = 0.0  # ... until then (its validity)
+        self.attempts = 0  # local attempts in flight
+        self.missed = False  # a release message came while an attempt was in flight
+
+
+class _Board(WakeupBoard):
+    """The local waiters by name, woken by the pub/sub hubs of ALL nodes.
+
+    A release is announced by every node that held the key, so one release arrives up to N
+    times: a message wakes one waiter only when no wake-up is already on its way and no
+    local attempt, hold or hand-off makes an attempt pointless right now.
+    """
+
+    def __init__(self, quiet: Callable[[str], bool]) -> None:
+        super().__init__()
+        self._quiet = quiet
+
+    def pending(self, name: str) -> bool:
+        slots = self._slots.get(name)
+        return slots is not None and any(slot.event.is_set() for slot in slots.values())
+
+    def wake_one(self, name: str) -> bool:
+        if name not in self._slots or self.pending(name) or self._quiet(name):
+            return False
+        return super().wake_one(name)
+
+    def wake_direct(self, name: str) -> bool:
+        """Wake one waiter after a release by this process (no message needed)."""
+        if self.pending(name):
+            return False
+        return super().wake_one(name)
+
+
+class _RedlockWaiter:
+    """Sleeps until a release message, a random poll interval or the given timeout.
+
+    After a split vote the owner pauses for a random time that wake-ups do not cut short
+    (otherwise the contenders' clean-up messages would make them collide again at once).
+    """
+
+    __slots__ = ("_backend", "_key", "_slot", "woken")
+
+    def __init__(self, backend: RedlockBackend, slot: Any, key: tuple[str, str]) -> None:
+        self._backend = backend
+        self._slot = slot
+        self._key = key
+        #: A wake-up was consumed and the attempt it calls for has not been made yet.
+        self.woken = False
+
+    def _consume(self) -> None:
+        if self._slot.event.is_set():
+            self._slot.event = asyncio.Event()
+            self.woken = True
+
+    async def wait(self, timeout: float | None) -> None:
+        backend = self._backend
+        slot = self._slot
+        until = backend._not_before.get(self._key)
+        if until is not None:
+            pause = until - monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause if timeout is None else min(pause, timeout))
+                self._consume()
+                return
+        limit = backend._poll_interval()
+        if timeout is not None:
+            limit = min(limit, timeout)
+        if not slot.event.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit):
+                    await slot.event.wait()
+        self._consume()
+
+
+# --------------------------------------------------------------------------------------------
+# the backend
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Settings:
+    hosts: tuple[tuple[str, int], ...]
+    db: int
+    username: str | None
+    password: str | None = dataclasses.field(repr=False)
+    node_timeout: float | None
+    drift_factor: float
+    retry_delay: float
+    rejoin_delay: float
+    shown: str
+
+
+@dataclasses.dataclass(slots=True)
+class _GrantData:
+    keys: LockKeys
+    channel_key: str
+    #: node index -> the token that node granted (its own INCR)
+    tokens: dict[int, str]
+
+
+Outcome = Any
+"""A node's answer in a fan-out: the decoded reply, or a :class:`BackendError` (a
+:class:`BackendTimeout` when it did not answer in time)."""
+
+
+class RedlockBackend(Backend):
+    """Redlock: a lock is held when a majority of N independent Redis masters granted it.
+
+    See ``docs/backends/redlock.md`` for the algorithm, its guarantees and its limits.
+    """
+
+    backend_name = "redlock"
+    # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
+    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+
+    def __init__(self, settings: _Settings, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._namespace = config.namespace
+        self.quorum = len(settings.hosts) // 2 + 1
+        self._nodes: list[_Node] = []
+        self._board = _Board(self._quiet)
+        self._local: dict[str, _Local] = {}
+        self._waiters: dict[tuple[str, str], _RedlockWaiter] = {}
+        #: (channel key, owner) -> no attempt before then (the random pause of a split vote)
+        self._not_before: dict[tuple[str, str], float] = {}
+        #: channel key -> until when a local release reserves the next attempt for the
+        #: local waiter it woke
+        self._handoffs: dict[str, float] = {}
+        self._handoff_window = min(0.1, config.op_timeout)
+        #: The rejoin marker (see REJOIN), one per namespace and node.
+        self.marker = config.namespace.encode() + b":redlock:rejoin"
+        self.secrets = (settings.password,) if settings.password else ()
+        self._patience = self.node_timeout(config.watchdog_ttl)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        if not url.hosts:
+            raise ConfigurationError(
+                "a redlock:// URL lists the Redis masters: 'redlock://h1:6379,h2:6379,h3:6379'"
+            )
+        hosts = tuple(url.host_list(DEFAULT_PORT))
+        seen: set[tuple[str, int]] = set()
+        for host in hosts:
+            if host in seen:
+                raise ConfigurationError(
+                    f"redlock:// lists {host[0]}:{host[1]} twice: every node must be a "
+                    f"different Redis master"
+                )
+            seen.add(host)
+        path = url.path.strip("/")
+        if path and not path.isdigit():
+            raise ConfigurationError(
+                f"the redlock:// URL path must be a database number ('/0'), got {url.path!r}"
+            )
+        db = int(path) if path else 0
+        password = take_str(options, "password", url.password, secret=True)
+        username = take_str(options, "username", url.username)
+        node_timeout = take_float(options, "node_timeout", None, allow_zero=False, allow_none=True)
+        if node_timeout is not None and node_timeout * 2 > config.watchdog_ttl:
+            raise ConfigurationError(
+                f"option 'node_timeout' ({node_timeout:g} s) must be far below the lease "
+                f"(watchdog_ttl = {config.watchdog_ttl:g} s): at most half of it"
+            )
+        drift_factor = take_float(options, "drift_factor", 0.01, minimum=0.0)
+        assert drift_factor is not None
+        if drift_factor >= 0.5:
+            raise ConfigurationError(
+                f"option 'drift_factor' must be below 0.5 (0.01 is usual), got {drift_factor!r}"
+            )
+        retry_delay = take_float(options, "retry_delay", 0.2, allow_zero=False)
+        assert retry_delay is not None
+        rejoin_delay = take_float(options, "rejoin_delay", 0.0, minimum=0.0)
+        assert rejoin_delay is not None
+        settings = _Settings(
+            hosts=hosts,
+            db=db,
+            username=username,
+            password=password,
+            node_timeout=node_timeout,
+            drift_factor=drift_factor,
+            retry_delay=retry_delay,
+            rejoin_delay=rejoin_delay,
+            shown=url.redacted(),
+        )
+        return cls(settings, config)
+
+    def describe(self) -> str:
+        return self.settings.shown
+
+    def node_timeout(self, ttl: float) -> float:
+        """How long an acquire waits for one node's answer, for a lease of ``ttl`` seconds."""
+        if self.settings.node_timeout is not None:
+            return self.settings.node_timeout
+        return max(MIN_NODE_TIMEOUT, min(MAX_AUTO_NODE_TIMEOUT, ttl / 100))
+
+    def drift(self, ttl: float) -> float:
+        """Clock drift allowance subtracted from a lease's validity."""
+        return ttl * self.settings.drift_factor + DRIFT_FLOOR
+
+    def _poll_interval(self) -> float:
+        delay = self.settings.retry_delay
+        return random.uniform(delay / 2, delay)
+
+    @property
+    def nodes(self) -> list[_Node]:
+        """The nodes (after :meth:`open`), in URL order."""
+        if not self._nodes:
+            raise BackendError("redlock: the backend is not open")
+        return self._nodes
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _build_node(self, index: int, host: str, port: int) -> _Node:
+        s = self.settings
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        node = _Node(index, address, self.secrets)
+        node.link = _Link(self, node, host, port)
+        # redis-py makes the pub/sub connections (PubSubHub speaks through them).
+        node.pool = aioredis.ConnectionPool(
+            host=host,
+            port=port,
+            db=s.db,
+            username=s.username,
+            password=s.password,
+            socket_timeout=None,
+            socket_connect_timeout=self.config.connect_timeout,
+            retry=no_retry(),
+            health_check_interval=0,
+        )
+
+        async def connect() -> AbstractConnection:
+            conn: AbstractConnection = node.pool.make_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+            except BaseException:
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await conn.disconnect(nowait=True)
+                raise
+            return conn
+
+        node.hub = PubSubHub(
+            connect,
+            self._board,
+            op_timeout=self.config.op_timeout,
+            connect_timeout=self.config.connect_timeout,
+            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
+            label=node.label,
+            secrets=self.secrets,
+        )
+        return node
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._nodes = [
+            self._build_node(i, host, port) for i, (host, port) in enumerate(self.settings.hosts)
+        ]
+        outcomes = await self._fan_out(
+            self._nodes,
+            lambda node, deliver: node.link.command((b"PING",), deliver),
+            what="connect",
+            timeout=self.config.connect_timeout * 0.9,
+            patience=self._patience,
+            vote=_answer,  # a majority is enough; the others go on connecting
+        )
+        answered = _answered(outcomes)
+        if answered < self.quorum:
+            raise BackendError(
+                f"redlock: only {answered} of {len(self._nodes)} nodes answered, a majority "
+                f"({self.quorum}) is needed: {self._errors(outcomes)}"
+            )
+        for node, outcome in zip(self._nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                reason = describe(outcome, self.secrets)
+                log.warning("aiodlock: %s is not answering (yet): %s", node.label, reason)
+
+    async def aclose(self) -> None:
+        nodes, self._nodes = self._nodes, []
+        for node in nodes:
+            node.link.close()
+        for node in nodes:
+            await node.hub.aclose()
+            with contextlib.suppress(Exception):
+                await node.pool.disconnect()
+
+    # -- fan-out ---------------------------------------------------------------------------
+
+    async def _fan_out(
+        self,
+        nodes: Sequence[_Node],
+        request: Callable[[_Node, OnReply], None],
+        *,
+        what: str,
+        timeout: float,
+        patience: float | None = None,
+        decided: Callable[[list[Any]], bool] | None = None,
+        vote: Vote | None = None,
+    ) -> list[Outcome]:
+        """Send ``request(node, deliver)`` to every node at once; one :data:`Outcome` each.
+
+        Waits until every node answered, at most ``timeout``.  With ``patience``, waits that
+        long for all of them, then only until the fan-out is decided: by ``vote`` (a
+        majority of the nodes said yes, or too many said no for a majority), or by
+        ``decided(replies)`` (the replies so far: a reply, an exception or ``_NO_ANSWER``).
+        A node that has not answered by then gets a :class:`BackendTimeout` (its reply is
+        read and dropped when it comes).
+        """
+        gather = _Gather(len(nodes), vote, self.quorum if vote is not None else 0)
+        if decided is not None:
+            check = decided
+            replies = gather.replies
+            gather.check = lambda: check(replies)
+        for index, node in enumerate(nodes):
+            request(node, functools.partial(gather.deliver, index))
+        if gather.left:
+            started = asyncio.get_running_loop().time()
+            if patience is None or patience >= timeout or (decided is None and vote is None):
+                await gather.until(started + timeout, armed=False)
+            else:
+                if patience > 0:
+                    await gather.until(started + patience, armed=False)
+                await gather.until(started + timeout, armed=True)
+        return self._outcomes(nodes, gather.replies, what, timeout)
+
+    def _outcomes(
+        self, nodes: Sequence[_Node], replies: Sequence[Any], what: str, timeout: float
+    ) -> list[Outcome]:
+        out: list[Outcome] = []
+        for node, reply in zip(nodes, replies, strict=True):
+            if reply is _NO_ANSWER:
+                # Not a failure of the driver: the node is slow, or the fan-out did not
+                # need its answer (it comes later and is dropped).
+                out.append(BackendTimeout(f"{node.label}: {what}: no answer within {timeout:g} s"))
+            elif isinstance(reply, BaseException):
+                out.append(node.error(reply, what))
+            else:
+                out.append(reply)
+        return out
+
+    def _errors(self, outcomes: Sequence[Outcome]) -> str:
+        parts = [
+            describe(outcome, self.secrets)
+            for outcome in outcomes
+            if isinstance(outcome, BaseException)
+        ]
+        return "; ".join(parts) or "no error"
+
+    # -- local state -----------------------------------------------------------------------
+
+    def _quiet(self, channel_key: str) -> bool:
+        """Is a release message on this channel of no use to local waiters right now?"""
+        now = monotonic()
+        until = self._handoffs.get(channel_key)
+        if until is not None and until > now:
+            return True  # a local release already woke a waiter
+        local = self._local.get(channel_key)
+        if local is None:
+            return False
+        if local.attempts:
+            local.missed = True  # wake one when the attempt fails
+            return True
+        return local.holder is not None and local.holder_until > now
+
+    def _tidy(self, channel_key: str, local: _Local) -> None:
+        if local.holder is None and not local.attempts and self._local.get(channel_key) is local:
+            del self._local[channel_key]
+
+    def _forget_holder(self, channel_key: str, owner: str) -> None:
+        local = self._local.get(channel_key)
+        if local is not None and local.holder == owner:
+            local.holder = None
+            local.missed = False
+            self._tidy(channel_key, local)
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` (the same on every node)."""
+        return LockKeys(self._namespace, name)
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        keys = LockKeys(self._namespace, request.name)
+        ckey = keys.channel.decode("latin-1")
+        owner = request.owner
+        key = (ckey, owner)
+        now = monotonic()
+        local = self._local.get(ckey)
+        if local is not None and local.holder not in (None, owner) and local.holder_until > now:
+            # Another task of this process holds it: no need to ask the servers.
+            return Busy(local.holder_until - now)
+        handoff = False
+        if will_wait:
+            if self._not_before:
+                until = self._not_before.get(key)
+                if until is not None:
+                    if until > now:
+                        return Busy(until - now)
+                    del self._not_before[key]
+            waiter = self._waiters.get(key)
+            woken = waiter is not None and waiter.woken
+            if waiter is not None:
+                waiter.woken = False
+            if self._handoffs:
+                until = self._handoffs.get(ckey)
+                if until is not None:
+                    if woken:
+                        handoff = True  # the waiter a local release woke makes its attempt
+                    elif until > now:
+                        # NOTE: do not barge past the waiter that a local release woke (the
+                        # releasing task asking again, typically).
+                        return Busy(until - now)
+                    else:
+                        del self._handoffs[ckey]
+            if local is not None and local.attempts:
+                # Two local owners cannot both win: they would only split the vote.  The
+                # attempt in flight wakes a waiter if it fails after a release message came.
+                return Busy(None)
+        if local is None:
+            local = self._local[ckey] = _Local()
+        local.attempts += 1
+        granted = False
+        try:
+            result = await self._attempt(keys, ckey, request, will_wait)
+            if isinstance(result, Grant):
+                granted = True
+                local.holder = owner
+                assert result.expires_at is not None
+                local.holder_until = result.expires_at
+            return result
+        finally:
+            if handoff:
+                self._handoffs.pop(ckey, None)
+            local.attempts -= 1
+            if local.missed and not local.attempts:
+                local.missed = False
+                if not granted:
+                    self._board.wake_direct(ckey)
+            self._tidy(ckey, local)
+
+    async def _attempt(
+        self, keys: LockKeys, ckey: str, request: Request, will_wait: bool
+    ) -> Grant | Busy:
+        nodes = self.nodes
+        owner = request.owner
+        ttl = request.ttl
+        timeout = self.node_timeout(ttl)
+        call = _Call(ACQUIRE, (keys.lock, keys.counter), (owner, _ms(ttl)))
+
+        def vote(index: int, reply: Any) -> bool:
+            # NOTE: a majority of yes is enough: the other nodes' answers still come (in
+            # order on their connections, before any later request of ours there).
+            if isinstance(reply, BaseException) or not _acquire_reply(reply)[0]:
+                return False
+            return nodes[index].counts(monotonic())
+
+        started = monotonic()
+        outcomes = await self._fan_out(
+            nodes,
+            lambda node, deliver: node.link.eval(call, deliver),
+            what="acquire",
+            timeout=timeout,
+            patience=0.0,
+            vote=vote,
+        )
+        now = monotonic()
+        tokens: dict[int, int] = {}
+        busy_pttls: list[int] = []
+        busy_nodes: set[int] = set()
+        failed = 0
+        broken = 0
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failed += 1
+                if not isinstance(outcome, TimeoutError):
+                    broken += 1
+            else:
+                granted, value = _acquire_reply(outcome)
+                if granted:
+                    tokens[node.index] = value
+                else:
+                    busy_nodes.add(node.index)
+                    busy_pttls.append(value)
+        votes = sum(1 for i in tokens if nodes[i].counts(now))
+        drift = self.drift(ttl)
+        if votes >= self.quorum and now - started + drift < ttl:
+            token = max(tokens.values())
+            level = min(tokens.values()) == token or await self._raise_counters(
+                keys, tokens, token, timeout
+            )
+            if level and monotonic() - started + drift < ttl:
+                data = _GrantData(keys, ckey, {i: str(t) for i, t in tokens.items()})
+                return Grant(request.name, owner, token, started + ttl - drift, data)
+        # Not held: undo it wherever it may have been set (every node that did not say no).
+        # NOTE: on each node the undo runs after the attempt (same connection, in order),
+        # even where the attempt's answer is still on its way.
+        undo = [node for node in nodes if node.index not in busy_nodes]
+        if undo:
+            await self._undo(keys, owner, undo)
+        if broken > len(nodes) - self.quorum:
+            # NOTE: only failures that waiting will not cure (refused connections, errors):
+            # timeouts are retried, as a stall of this process makes every node "time out".
+            raise BackendError(
+                f"redlock: {broken} of {len(nodes)} nodes failed on {request.name!r}, so no "
+                f"majority ({self.quorum}) is possible: {self._errors(outcomes)}"
+            )
+        if len(busy_nodes) >= self.quorum:
+            # Held by someone: wake when enough of the holder's keys would have expired.
+            pttls = sorted(p for p in busy_pttls if p >= 0)
+            needed = max(1, self.quorum - (len(nodes) - len(busy_nodes) - failed))
+            return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
+        # A split vote (or nodes not counted yet): try again after a random pause.
+        pause = random.uniform(0.0, self.settings.retry_delay)
+        if will_wait:
+            self._not_before[(ckey, owner)] = monotonic() + pause
+            if len(self._not_before) > 4096:
+                self._prune_pauses()
+        return Busy(pause)
+
+    def _prune_pauses(self) -> None:
+        now = monotonic()
+        for key, until in list(self._not_before.items()):
+            if until <= now:
+                del self._not_before[key]
+
+    async def _raise_counters(
+        self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
+    ) -> bool:
+        """Raise the lagging counters of the granting nodes to ``token``.
+
+        True when a majority of counted nodes is then at ``token`` or above, so every later
+        grant (whose majority shares a node with this one) gets a larger token.
+        """
+        nodes = self.nodes
+        lagging = [nodes[i] for i, t in tokens.items() if t < token]
+        call = _Call(RAISE_COUNTER, (keys.counter,), (token,))
+        outcomes = await self._fan_out(
+            lagging,
+            lambda node, deliver: node.link.eval(call, deliver),
+            what="raise the fencing counter",
+            timeout=timeout,
+        )
+        now = monotonic()
+        level = sum(1 for i, t in tokens.items() if t >= token and nodes[i].counts(now))
+        for node, outcome in zip(lagging, outcomes, strict=True):
+            if not isinstance(outcome, BaseException) and node.counts(now):
+                level += 1
+        return level >= self.quorum
+
+    async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[_Node]) -> list[Outcome]:
+        """Remove ``owner``'s keys from ``nodes``, all at once."""
+        call = _Call(
+            ABANDON,
+            (keys.lock, keys.queue, keys.deadlines),
+            (owner, keys.channel, keys.waiter_prefix),
+        )
+        return await self._fan_out(
+            nodes,
+            lambda node, deliver: node.link.eval(call, deliver),
+            what="abandon",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            decided=lambda outcomes: True,
+        )
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+        return self._waiter(request)
+
+    @contextlib.asynccontextmanager
+    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
+        keys = self.keys_for(request.name)
+        channel = keys.channel
+        ckey = channel.decode("latin-1")
+        key = (ckey, request.owner)
+        with self._board.register(ckey) as slot:
+            async with self._subscribed(channel):
+                waiter = _RedlockWaiter(self, slot, key)
+                self._waiters[key] = waiter
+                try:
+                    yield waiter
+                finally:
+                    if self._waiters.get(key) is waiter:
+                        del self._waiters[key]
+                    self._not_before.pop(key, None)
+
+    @contextlib.asynccontextmanager
+    async def _subscribed(self, channel: bytes) -> AsyncIterator[None]:
+        """Be subscribed to ``channel`` on every node while inside.
+
+        Waits (briefly) until a majority of the nodes confirmed the subscription: a holder's
+        release reaches a majority, so at least one of its messages then reaches us.  Nodes
+        that are down or slow are not waited for; their subscription completes (or not) in
+        the background, and the waiter's random polling covers the rest.
+        """
+        nodes = self.nodes
+        contexts: list[contextlib.AbstractAsyncContextManager[Any]] = [
+            node.hub.subscription(channel) for node in nodes
+        ]
+        entered: list[contextlib.AbstractAsyncContextManager[Any]] = []
+        entering: list[tuple[contextlib.AbstractAsyncContextManager[Any], asyncio.Task[Any]]] = []
+        try:
+            for node, context in zip(nodes, contexts, strict=True):
+                if node.hub.is_ready(channel):
+                    await context.__aenter__()  # returns at once: already subscribed
+                    entered.append(context)
+                else:
+                    task = asyncio.get_running_loop().create_task(context.__aenter__())
+                    entering.append((context, task))
+            if entering:
+                await self._await_subscriptions(nodes, channel, [t for _, t in entering])
+            yield
+        finally:
+            for context in entered:
+                await context.__aexit__(None, None, None)
+            for context, task in entering:
+                if task.done():
+                    if not task.cancelled() and task.exception() is None:
+                        await context.__aexit__(None, None, None)
+                else:
+                    # Its clean-up (unsubscribing) runs in the task when it sees the cancel.
+                    task.cancel()
+
+    async def _await_subscriptions(
+        self, nodes: Sequence[_Node], channel: bytes, tasks: list[asyncio.Task[Any]]
+    ) -> None:
+        deadline = monotonic() + min(self.config.op_timeout, max(0.25, 5 * self._patience))
+        pending = set(tasks)
+        while pending:
+            if sum(1 for node in nodes if node.hub.is_ready(channel)) >= self.quorum:
+                return
+            left = deadline - monotonic()
+            if left <= 0:
+                return
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        if not grants:
+            return []
+        nodes = self.nodes
+        data = [_data(g) for g in grants]
+        lease_ms = _ms(ttl)
+        quorum = self.quorum
+        n = len(nodes)
+
+        made: dict[tuple[int, str], _Call] = {}
+
+        def calls(node: _Node) -> list[_Call]:
+            out = []
+            for i, (g, d) in enumerate(zip(grants, data, strict=True)):
+                token = d.tokens.get(node.index, "")
+                call = made.get((i, token))
+                if call is None:
+                    call = made[(i, token)] = _Call(
+                        RENEW, (d.keys.lock,), (g.owner, token, lease_ms)
+                    )
+                out.append(call)
+            return out
+
+        def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
+            yes = [0] * len(grants)
+            unknown = [0] * len(grants)
+            for node, outcome in zip(nodes, outcomes, strict=True):
+                if not isinstance(outcome, list):  # failed, or no answer (yet)
+                    for i in range(len(grants)):
+                        unknown[i] += 1
+                elif node.counts(now):
+                    for i, ok in enumerate(outcome):
+                        if ok == 1:
+                            yes[i] += 1
+            return yes, unknown
+
+        def decided(replies: list[Any]) -> bool:
+            yes, unknown = tally(replies, monotonic())
+            return all(y >= quorum or y + u < quorum for y, u in zip(yes, unknown, strict=True))
+
+        started = monotonic()
+        outcomes = await self._fan_out(
+            nodes,
+            lambda node, deliver: node.link.eval_many(calls(node), deliver),
+            what="renew",
+            timeout=self.config.op_timeout * 0.8,
+            patience=0.0,
+            decided=decided,
+        )
+        now = monotonic()
+        yes, unknown = tally(outcomes, now)
+        drift = self.drift(ttl)
+        valid = now - started + drift < ttl
+        results: list[float | None] = []
+        undecided = 0
+        for i, (grant, d) in enumerate(zip(grants, data, strict=True)):
+            if yes[i] >= quorum and valid:
+                expires_at = started + ttl - drift
+                results.append(expires_at)
+                local = self._local.get(d.channel_key)
+                if local is not None and local.holder == grant.owner:
+                    local.holder_until = expires_at
+            elif yes[i] + unknown[i] < quorum or not valid:
+                results.append(None)
+                self._forget_holder(d.channel_key, grant.owner)
+            else:
+                undecided += 1
+                results.append(None)
+        if undecided:
+            raise BackendError(
+                f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
+                f"{quorum} of {n} nodes: {self._errors(outcomes)}"
+            )
+        return results
+
+    async def release(self, grant: Grant) -> bool:
+        d = _data(grant)
+        nodes = self.nodes
+        owner = grant.owner
+        quorum = self.quorum
+        n = len(nodes)
+        k = (d.keys.lock, d.keys.queue, d.keys.deadlines)
+        made: dict[str, _Call] = {}
+
+        def call(node: _Node, deliver: OnReply) -> None:
+            token = d.tokens.get(node.index, "")
+            c = made.get(token)
+            if c is None:
+                c = made[token] = _Call(
+                    RELEASE, k, (owner, token, d.keys.channel, d.keys.waiter_prefix)
+                )
+            node.link.eval(c, deliver)
+
+        try:
+            outcomes = await self._fan_out(
+                nodes,
+                call,
+                what="release",
+                timeout=self.config.op_timeout,
+                patience=0.0,
+                vote=_released,
+            )
+        finally:
+            self._forget_holder(d.channel_key, owner)
+            if self._board.count(d.channel_key):
+                # Wake a local waiter at once (no need to wait for a message) and reserve
+                # the next attempt for it: the releasing task must not barge back in.
+                self._board.wake_direct(d.channel_key)
+                self._handoffs[d.channel_key] = monotonic() + self._handoff_window
+        yes = sum(1 for o in outcomes if o == 1)
+        no = sum(1 for o in outcomes if o == 0)
+        if yes >= quorum:
+            return True
+        if no > n - quorum:
+            return False
+        raise BackendError(
+            f"redlock: the release of {grant.name!r} reached only {yes + no} of {n} nodes "
+            f"({yes} released); the rest expires with the lease: {self._errors(outcomes)}"
+        )
+
+    async def abandon(self, request: Request) -> None:
+        keys = self.keys_for(request.name)
+        ckey = keys.channel.decode("latin-1")
+        owner = request.owner
+        self._not_before.pop((ckey, owner), None)
+        try:
+            outcomes = await self._undo(keys, owner, self.nodes)
+        finally:
+            self._forget_holder(ckey, owner)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise BackendError(
+                f"redlock: could not clean up {request.name!r} on {len(failed)} node(s) yet "
+                f"(what is left there expires with its lease): {self._errors(outcomes)}"
+            )
+
+    async def status(self, name: str) -> LockStatus | None:
+        keys = self.keys_for(name)
+        nodes = self.nodes
+        call = _Call(STATUS, (keys.lock, keys.deadlines), ())
+        outcomes = await self._fan_out(
+            nodes,
+            lambda node, deliver: node.link.eval(call, deliver),
+            what="status",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            vote=_answer,
+        )
+        if _answered(outcomes) < self.quorum:
+            raise BackendError(
+                f"redlock: only {_answered(outcomes)} of {len(nodes)} nodes answered: "
+                f"{self._errors(outcomes)}"
+            )
+        holders: dict[str, list[tuple[int, int]]] = {}
+        for outcome in outcomes:
+            if outcome and not isinstance(outcome, BaseException):
+                raw_owner, token, pttl = outcome[0], int(outcome[1]), int(outcome[2])
+                owner = raw_owner.decode("utf-8", "surrogateescape")
+                holders.setdefault(owner, []).append((token, pttl))
+        for owner, held in holders.items():
+            if len(held) >= self.quorum:
+                token = max(t for t, _ in held)
+                # The lease lasts while a majority of its keys do.
+                pttls = sorted((p for _, p in held), reverse=True)
+                left = pttls[self.quorum - 1]
+                return LockStatus(name, owner, token, left / 1000 if left >= 0 else None, None)
+        return None
+
+    async def force_release(self, name: str) -> bool:
+        keys = self.keys_for(name)
+        nodes = self.nodes
+        call = _Call(
+            FORCE_RELEASE,
+            (keys.lock, keys.queue, keys.deadlines),
+            (keys.channel, keys.waiter_prefix),
+        )
+        outcomes = await self._fan_out(
+            nodes,
+            lambda node, deliver: node.link.eval(call, deliver),
+            what="force_release",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            vote=_answer,
+        )
+        if _answered(outcomes) < self.quorum:
+            raise BackendError(
+                f"redlock: force_release of {name!r} reached only {_answered(outcomes)} of "
+                f"{len(nodes)} nodes: {self._errors(outcomes)}"
+            )
+        return any(o == 1 for o in outcomes)
+
+
+_NO_ANSWER: Final = object()
+
+
+Vote = Callable[[int, Any], bool | None]
+"""How one node's reply counts: yes (True), no (False) or neither (None)."""
+
+
+class _Gather:
+    """The replies of one fan-out, and the one future its caller sleeps on.
+
+    With a ``vote``, replies are counted as they come: the fan-out is decided once ``need``
+    nodes said yes or more than ``spare`` said no (a majority either way).
+    """
+
+    __slots__ = (
+        "armed",
+        "check",
+        "left",
+        "need",
+        "no",
+        "replies",
+        "spare",
+        "vote",
+        "waiter",
+        "yes",
+    )
+
+    def __init__(self, n: int, vote: Vote | None = None, need: int = 0) -> None:
+        self.replies: list[Any] = [_NO_ANSWER] * n
+        self.left = n
+        self.waiter: asyncio.Future[None] | None = None
+        self.check: Callable[[], bool] | None = None
+        self.vote = vote
+        self.need = need
+        self.spare = n - need
+        self.yes = 0
+        self.no = 0
+        self.armed = False
+
+    def deliver(self, index: int, reply: Any) -> None:
+        if self.replies[index] is not _NO_ANSWER:
+            return
+        self.replies[index] = reply
+        self.left -= 1
+        vote = self.vote
+        if vote is not None:
+            counted = vote(index, reply)
+            if counted is True:
+                self.yes += 1
+            elif counted is False:
+                self.no += 1
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if not self.left or self.enough():
+            waiter.set_result(None)
+
+    def enough(self) -> bool:
+        if not self.armed:
+            return False
+        if self.vote is not None:
+            return self.yes >= self.need or self.no > self.spare
+        return self.check is not None and self.check()
+
+    async def until(self, deadline: float, *, armed: bool) -> None:
+        """Until every node answered, the fan-out is decided (when ``armed``), or the loop
+        time ``deadline``."""
+        self.armed = armed
+        if not self.left or self.enough():
+            return
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            return
+        self.waiter = waiter = loop.create_future()
+        timer = loop.call_at(deadline, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _released(index: int, reply: Any) -> bool | None:
+    """Release vote: the key was ours and is deleted (yes), was not ours (no), or unknown."""
+    if reply == 1:
+        return True
+    if reply == 0:
+        return False
+    return None
+
+
+def _answer(index: int, reply: Any) -> bool | None:
+    """Any answer counts: status and force_release need a majority of answers."""
+    return None if isinstance(reply, BaseException) else True
+
+
+def _acquire_reply(reply: Any) -> tuple[bool, int]:
+    """The ACQUIRE script's answer: ``(True, token)`` or ``(False, ms left on the holder's
+    lease, -1 when unknown)``.
+
+    NOTE: the script answers ``token`` (>= 1), ``-1 - pttl`` or ``0`` (see its header in
+    ``_redis_scripts``); the older ``{1, token}`` / ``{0, pttl}`` tables are read too.
+    """
+    if isinstance(reply, list):
+        return reply[0] == 1, int(reply[1])
+    value = int(reply)
+    if value >= 1:
+        return True, value
+    return False, -1 - value if value < 0 else -1
+
+
+def _answered(replies: Sequence[Any]) -> int:
+    """How many nodes answered (replies or outcomes: failures and silence do not count)."""
+    return sum(1 for r in replies if r is not _NO_ANSWER and not isinstance(r, BaseException))
+
+
+def _data(grant: Grant) -> _GrantData:
+    data = grant.data
+    if not isinstance(data, _GrantData):
+        raise TypeError(f"not a redlock grant: {grant!r}")
+    return data

@@ -1,0 +1,612 @@
+"""Redlock benchmarks: aiodlock's ``redlock://`` against pottery and aioredlock on 5 masters.
+
+Five fresh redis-servers on free loopback ports (``tests/servers.py``, no persistence), the
+runner's adapter interface (:class:`benchmarks.adapters.Adapter`) and workloads:
+
+* A: one task, one name, acquire+release cycles.  Every adapter is open at once and the
+  run is cut into short slices, one per adapter per round, in a rotating order, so that a
+  change of the (shared, loaded) machine's speed hits every adapter of a round alike; the
+  ratios are taken per round and their median is reported.
+* B: 8 tasks of one client contend for one name (:func:`benchmarks.workloads.contention`).
+
+Adapters:
+
+* ``aiodlock``: ``aiodlock.connect("redlock://h1,...,h5")``, public API, default options;
+* ``aiodlock-sequential``: the same backend with its fan-out replaced by a loop that asks
+  the nodes one after the other (:class:`SequentialRedlock`, defined here for the benchmark
+  only): what the concurrent fan-out gains;
+* ``pottery``: ``pottery.AIORedlock(key=name, masters={5 clients})``, defaults;
+* ``aioredlock``: ``aioredlock.Aioredlock([5 x {host, port}]).lock(name)``, defaults, called
+  again after each ``LockError`` (it has no "wait forever").
+
+    python -m benchmarks.redlock              # everything (~2 minutes)
+    python -m benchmarks.redlock --quick      # a smoke run (numbers are noise)
+
+Writes ``benchmarks/results/<name>.json`` and ``.md`` (name: ``redlock`` by default) and
+prints the targets of issue 4 (PASS/FAIL).  The numbers are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import gc
+import importlib.metadata
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import workloads
+from .adapters import Adapter
+from .runner import RESULTS_DIR, _git, _loadavg, _machine
+from .server import servers_module
+
+__all__ = ["ADAPTERS", "SequentialRedlock", "main"]
+
+perf = time.perf_counter
+NODES = 5
+
+
+def _hosts(url: str | None) -> list[tuple[str, int]]:
+    assert url is not None
+    out = []
+    for part in url.split("://", 1)[1].split("/", 1)[0].split(","):
+        host, _, port = part.rpartition(":")
+        out.append((host, int(port)))
+    return out
+
+
+def _sequential_backend_class() -> type[Any]:
+    from aiodlock.backends.redlock import RedlockBackend
+
+    class SequentialRedlockBackend(RedlockBackend):
+        """aiodlock's Redlock asking the nodes one after the other (benchmark only).
+
+        The same requests on the same connections; the next node is asked when the
+        previous one answered (or its time ran out), and every node is asked (the classic
+        Redlock loop).
+        """
+
+        async def _fan_out(
+            self,
+            nodes: Sequence[Any],
+            request: Callable[[Any, Callable[[Any], None]], None],
+            *,
+            what: str,
+            timeout: float,
+            patience: float | None = None,
+            decided: Callable[[list[Any]], bool] | None = None,
+            vote: Callable[[int, Any], bool | None] | None = None,
+        ) -> list[Any]:
+            outcomes: list[Any] = []
+            for node in nodes:
+                outcomes += await super()._fan_out([node], request, what=what, timeout=timeout)
+            return outcomes
+
+    return SequentialRedlockBackend
+
+
+class AiodlockRedlock(Adapter):
+    """aiodlock through its public API on ``redlock://`` (5 masters)."""
+
+    name = "aiodlock"
+    library = "aiodlock (redlock://, 5 masters, concurrent fan-out)"
+    role = "subject"
+    packages = ("aiodlock", "redis", "hiredis")
+
+    def _client(self) -> Any:
+        import aiodlock
+
+        assert self.url is not None
+        return aiodlock.connect(self.url)
+
+    async def open(self) -> None:
+        self.client = self._client()
+        await self.client.open()
+
+    def new_lock(self, name: str, fair: bool = False) -> Any:
+        return self.client.lock(name)
+
+    async def acquire(self, lock: Any) -> float | None:
+        await lock.acquire()
+        return None
+
+    async def release(self, lock: Any) -> None:
+        await lock.release()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def abort(self, name: str) -> None:
+        await self.client.force_release(name)
+
+
+class SequentialRedlock(AiodlockRedlock):
+    """The same, asking the nodes one after the other (a subclass defined for this benchmark)."""
+
+    name = "aiodlock-sequential"
+    library = "aiodlock redlock with a sequential node-by-node fan-out (benchmark subclass)"
+    role = "floor-variant"
+
+    def _client(self) -> Any:
+        import aiodlock
+
+        plain = super()._client()
+        backend = plain.backend
+        return aiodlock.Client(_sequential_backend_class()(backend.settings, backend.config))
+
+
+class _RawAbort(Adapter):
+    """Peers: ``abort`` deletes the name's keys on every master."""
+
+    async def abort(self, name: str) -> None:
+        import redis.asyncio as aioredis
+
+        for host, port in _hosts(self.url):
+            client = aioredis.Redis(host=host, port=port)
+            try:
+                async for key in client.scan_iter(match=f"*{name}*"):
+                    await client.delete(key)
+            finally:
+                await client.aclose()
+
+
+class PotteryRedlock(_RawAbort):
+    """pottery ``AIORedlock`` on the 5 masters: 10 s auto-release, retries after 0-0.2 s."""
+
+    name = "pottery"
+    library = "pottery AIORedlock (5 masters, defaults)"
+    role = "peer"
+    packages = ("pottery", "redis")
+
+    @classmethod
+    def unavailable(cls, url: str | None) -> str | None:
+        try:
+            import pottery  # noqa: F401
+        except ImportError as exc:
+            return f"pottery is not installed ({exc}); pip install 'aiodlock[bench]'"
+        return None
+
+    async def open(self) -> None:
+        import redis.asyncio as aioredis
+
+        self.masters = {aioredis.Redis(host=h, port=p) for h, p in _hosts(self.url)}
+
+    def new_lock(self, name: str, fair: bool = False) -> Any:
+        from pottery import AIORedlock
+
+        return AIORedlock(key=name, masters=self.masters)
+
+    async def acquire(self, lock: Any) -> float | None:
+        if not await lock.acquire():
+            raise RuntimeError("AIORedlock.acquire() returned False without a timeout")
+        return None
+
+    async def release(self, lock: Any) -> None:
+        await lock.release()
+
+    async def close(self) -> None:
+        for master in self.masters:
+            await master.aclose()
+
+
+class _Held:
+    __slots__ = ("held", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.held: Any = None
+
+
+class AioredlockRedlock(_RawAbort):
+    """aioredlock on the 5 masters: 3 tries 0.1-0.3 s apart, then ``LockError`` (retried)."""
+
+    name = "aioredlock"
+    library = "aioredlock (5 masters, defaults, retried on LockError)"
+    role = "peer"
+    packages = ("aioredlock", "aioredis")
+
+    @classmethod
+    def unavailable(cls, url: str | None) -> str | None:
+        try:
+            import aioredlock  # noqa: F401
+        except ImportError as exc:
+            return f"aioredlock is not installed ({exc}); pip install 'aiodlock[bench]'"
+        return None
+
+    async def open(self) -> None:
+        from aioredlock import Aioredlock
+
+        self.manager = Aioredlock([{"host": h, "port": p} for h, p in _hosts(self.url)])
+
+    def new_lock(self, name: str, fair: bool = False) -> Any:
+        return _Held(name)
+
+    async def acquire(self, lock: Any) -> float | None:
+        from aioredlock import LockError
+
+        while True:
+            try:
+                lock.held = await self.manager.lock(lock.name)
+            except LockError:
+                continue
+            return None
+
+    async def release(self, lock: Any) -> None:
+        held, lock.held = lock.held, None
+        await self.manager.unlock(held)
+
+    async def close(self) -> None:
+        await self.manager.destroy()
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    cls.name: cls for cls in (AiodlockRedlock, SequentialRedlock, PotteryRedlock, AioredlockRedlock)
+}
+
+PEERS = ("pottery", "aioredlock")
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def redis_masters(n: int) -> Iterator[Any]:
+    servers = servers_module()
+    missing = servers.binary_missing("redis")
+    if missing:
+        raise RuntimeError(missing)
+    base = Path(tempfile.mkdtemp(prefix="aiodlock-bench-redlock-"))
+    group = servers.RedisGroup(base, n)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def _interleaved_a(
+    classes: list[type[Adapter]], url: str, run_id: str, *, rounds: int, slice_seconds: float
+) -> dict[str, Any]:
+    opened: dict[str, Adapter] = {}
+    errors: dict[str, str] = {}
+    for cls in classes:
+        adapter = cls(url)
+        try:
+            await adapter.open()
+            await workloads.warm_up(adapter, f"{run_id}-warmA-{cls.name}")
+            opened[cls.name] = adapter
+        except Exception as exc:
+            errors[cls.name] = repr(exc)
+            _log(f"  A   {cls.name:<20} ERROR {exc!r}")
+    order = [c.name for c in classes if c.name in opened]
+    slices: dict[str, list[dict[str, float]]] = {name: [] for name in order}
+    latencies: dict[str, list[float]] = {name: [] for name in order}
+    try:
+        for turn in range(rounds):
+            gc.collect()
+            k = turn % max(len(order), 1)
+            for name in order[k:] + order[:k]:
+                if name in errors:
+                    continue
+                cpu0 = time.process_time()
+                try:
+                    result = await workloads.single(
+                        opened[name],
+                        f"{run_id}-A-{name}-{turn}",
+                        seconds=slice_seconds,
+                        keep_latencies=True,
+                    )
+                except Exception as exc:
+                    errors[name] = repr(exc)
+                    _log(f"  A   {name:<20} ERROR {exc!r}")
+                    continue
+                cpu = time.process_time() - cpu0
+                latencies[name].extend(result.pop("_latencies"))
+                slices[name].append(
+                    {
+                        "round": turn,
+                        "cycles": result["cycles"],
+                        "seconds": result["seconds"],
+                        "cpu": cpu,
+                    }
+                )
+            if (turn + 1) % max(rounds // 4, 1) == 0:
+                line = ", ".join(
+                    f"{n} {_rate(slices[n]):.0f}" for n in order if n not in errors and slices[n]
+                )
+                _log(f"  A   after {turn + 1}/{rounds} rounds, cycles/s: {line}")
+    finally:
+        for adapter in opened.values():
+            with contextlib.suppress(Exception):
+                await adapter.close()
+    from .stats import summary_ms
+
+    out: dict[str, Any] = {}
+    for cls in classes:
+        name = cls.name
+        if name in errors:
+            out[name] = {"error": errors[name]}
+            continue
+        rows = slices[name]
+        cycles = sum(r["cycles"] for r in rows)
+        out[name] = {
+            "cycles": cycles,
+            "seconds": round(sum(r["seconds"] for r in rows), 3),
+            "slices": len(rows),
+            "cycles_per_s": round(_rate(rows), 1),
+            "median_cycles_per_s": round(statistics.median(_rate([r]) for r in rows), 1),
+            "client_cpu_us_per_cycle": round(sum(r["cpu"] for r in rows) / cycles * 1e6, 1)
+            if cycles
+            else None,
+            "cycle": summary_ms(latencies[name]),
+            "_by_round": {int(r["round"]): _rate([r]) for r in rows},
+        }
+    return out
+
+
+def _rate(rows: Sequence[dict[str, float]]) -> float:
+    seconds = sum(r["seconds"] for r in rows)
+    return sum(r["cycles"] for r in rows) / seconds if seconds else 0.0
+
+
+def _paired(a: dict[str, Any], mine: str, others: Sequence[str]) -> float | None:
+    """Median over rounds of (mine / the best of ``others`` in that round)."""
+    ours = a.get(mine, {}).get("_by_round")
+    if not ours:
+        return None
+    ratios = []
+    for turn, rate in ours.items():
+        theirs = [a[o]["_by_round"].get(turn) for o in others if "_by_round" in a.get(o, {})]
+        best = max((t for t in theirs if t), default=None)
+        if best:
+            ratios.append(rate / best)
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
+async def _segment(cls: type[Adapter], url: str, body: Any, warm_name: str) -> dict[str, Any]:
+    adapter = cls(url)
+    started = perf()
+    try:
+        await adapter.open()
+        try:
+            await workloads.warm_up(adapter, warm_name)
+            result: dict[str, Any] = await body(adapter)
+        finally:
+            await adapter.close()
+    except Exception as exc:
+        _log(f"  B   {cls.name:<20} ERROR {exc!r}")
+        return {"error": repr(exc)}
+    gap = result["handoff_gap"]
+    _log(
+        f"  B   {cls.name:<20} {result['acquisitions_per_s']:.0f} acq/s, gap p50/p99 "
+        f"{gap['p50_ms']}/{gap['p99_ms']} ms, wait p99 {result['wait']['p99_ms']} ms, "
+        f"same owner {result['same_owner_share']}, violations {result['violations']} "
+        f"({perf() - started:.1f} s)"
+    )
+    return result
+
+
+async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:8]
+    available = []
+    skipped = {}
+    for name in args.adapters:
+        cls = ADAPTERS[name]
+        reason = cls.unavailable(url)
+        if reason:
+            skipped[name] = reason
+            _log(f"skipping {name}: {reason}")
+        else:
+            available.append(cls)
+    results: dict[str, Any] = {"skipped": skipped, "A": {}, "B": {}}
+    started = perf()
+    _log(f"A: one task, one name, {args.a_rounds} rounds x {args.a_seconds} s per adapter")
+    a = await _interleaved_a(
+        available, url, run_id, rounds=args.a_rounds, slice_seconds=args.a_seconds
+    )
+    results["A_ratios"] = {
+        "aiodlock_vs_best_peer": _paired(a, "aiodlock", PEERS),
+        "aiodlock_vs_sequential": _paired(a, "aiodlock", ("aiodlock-sequential",)),
+    }
+    for row in a.values():
+        row.pop("_by_round", None)
+    results["A"] = a
+    _log(f"B: {args.b_workers} tasks on one name, {args.b_seconds} s per adapter")
+    for cls in available:
+
+        async def body_b(adapter: Adapter) -> dict[str, Any]:
+            return await workloads.contention(
+                adapter,
+                f"{run_id}-B-{adapter.name}",
+                workers=args.b_workers,
+                seconds=args.b_seconds,
+                hold=args.hold_ms / 1000,
+                settle=args.b_settle,
+            )
+
+        results["B"][cls.name] = await _segment(cls, url, body_b, f"{run_id}-warmB-{cls.name}")
+    results["wall_seconds"] = round(perf() - started, 1)
+    return results
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, str]]:
+    """The targets of issue 4.  A ratios are judged as the runner judges A: the median over
+    rounds of the ratio of the slices of the same round (paired); the overall ratio of the
+    totals is shown next to it."""
+    out: list[dict[str, str]] = []
+    a = results["A"]
+    ratios = results.get("A_ratios", {})
+    ours = a.get("aiodlock", {}).get("cycles_per_s")
+    peers = {p: a[p]["cycles_per_s"] for p in PEERS if "cycles_per_s" in a.get(p, {})}
+    paired = ratios.get("aiodlock_vs_best_peer")
+    if ours is not None and peers and paired is not None:
+        best_name = max(peers, key=lambda p: peers[p])
+        best = peers[best_name]
+        out.append(
+            {
+                "goal": "A: uncontended cycles/s >= 2 x the better peer",
+                "measured": f"{paired}x (median of paired rounds); totals {ours:.0f} vs "
+                f"{best_name} {best:.0f} = {ours / best:.2f}x",
+                "status": "PASS" if paired >= 2 else "FAIL",
+            }
+        )
+    seq = a.get("aiodlock-sequential", {}).get("cycles_per_s")
+    paired = ratios.get("aiodlock_vs_sequential")
+    if ours is not None and seq and paired is not None:
+        out.append(
+            {
+                "goal": "A: uncontended cycles/s >= 3 x the sequential fan-out",
+                "measured": f"{paired}x (median of paired rounds); totals {ours:.0f} vs "
+                f"{seq:.0f} = {ours / seq:.2f}x",
+                "status": "PASS" if paired >= 3 else "FAIL",
+            }
+        )
+    b = results["B"].get("aiodlock", {})
+    gap = b.get("handoff_gap", {}).get("p99_ms")
+    if gap is not None:
+        out.append(
+            {
+                "goal": "B: handoff gap p99 < 5 ms with 8 contending tasks",
+                "measured": f"{gap} ms (p50 {b['handoff_gap']['p50_ms']} ms, "
+                f"{b['owner_changes']} owner changes, violations {b['violations']})",
+                "status": "PASS" if gap < 5 and not b["violations"] else "FAIL",
+            }
+        )
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    meta, res = doc["meta"], doc["results"]
+    lines = [
+        f"# Redlock benchmark `{meta['name']}`",
+        "",
+        f"- {meta['date']}, `{meta['command']}`",
+        f"- {meta['machine']}; load average before/after {meta['loadavg_before']} / "
+        f"{meta['loadavg_after']}",
+        f"- servers: {meta['server']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        "",
+        "| adapter | A: cycles/s | A: cycle p50 ms | A: client CPU us/cycle | B: acq/s "
+        "| B: gap p50 ms | B: gap p99 ms | B: wait p99 ms | B: same owner | B: violations |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in ADAPTERS:
+        a, b = res["A"].get(name), res["B"].get(name)
+        if a is None and b is None:
+            continue
+        a = a or {}
+        b = b or {}
+        lines.append(
+            f"| {name} | {a.get('cycles_per_s', a.get('error', ''))} "
+            f"| {a.get('cycle', {}).get('p50_ms', '')} "
+            f"| {a.get('client_cpu_us_per_cycle', '')} "
+            f"| {b.get('acquisitions_per_s', b.get('error', ''))} "
+            f"| {b.get('handoff_gap', {}).get('p50_ms', '')} "
+            f"| {b.get('handoff_gap', {}).get('p99_ms', '')} "
+            f"| {b.get('wait', {}).get('p99_ms', '')} | {b.get('same_owner_share', '')} "
+            f"| {b.get('violations', '')} |"
+        )
+    ratios = res.get("A_ratios", {})
+    lines += [
+        "",
+        f"Paired A ratios (median over rounds): aiodlock / best peer "
+        f"{ratios.get('aiodlock_vs_best_peer')}, aiodlock / sequential "
+        f"{ratios.get('aiodlock_vs_sequential')}.",
+        "",
+        "Targets:",
+        "",
+    ]
+    for t in doc["targets"]:
+        lines.append(f"- [{t['status']}] {t['goal']}: {t['measured']}")
+    return "\n".join(lines) + "\n"
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.redlock", description=__doc__)
+    p.add_argument("--name", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--adapters", type=_csv, default=list(ADAPTERS))
+    p.add_argument("--a-seconds", type=float, help="length of one A slice (0.1; quick 0.05)")
+    p.add_argument("--a-rounds", type=int, help="A rounds, one slice per adapter (60; quick 4)")
+    p.add_argument("--b-seconds", type=float, help="measured window of B (5.0; quick 0.5)")
+    p.add_argument("--b-settle", type=float, help="unmeasured start of B (0.5; quick 0.1)")
+    p.add_argument("--b-workers", type=int, default=8)
+    p.add_argument("--hold-ms", type=float, default=0.0, help="time inside the lock in B")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = p.parse_args(argv)
+    defaults: dict[str, Any] = {"a_seconds": 0.1, "a_rounds": 60, "b_seconds": 5.0, "b_settle": 0.5}
+    if args.quick:
+        defaults.update(a_seconds=0.05, a_rounds=4, b_seconds=0.5, b_settle=0.1)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    unknown = [a for a in args.adapters if a not in ADAPTERS]
+    if unknown:
+        p.error(f"unknown adapter(s) {', '.join(unknown)}; known: {', '.join(ADAPTERS)}")
+    args.name = args.name or ("redlock-quick" if args.quick else "redlock")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with redis_masters(NODES) as group:
+        url = "redlock://" + group.hosts
+        _log(f"{NODES} redis masters: {group.hosts}")
+        loadavg_before = _loadavg()
+        results = asyncio.run(run(args, url))
+        version = group[0].cli("INFO", "server").splitlines()
+    found = [x.split(":", 1)[1] for x in version if x.startswith("redis_version")]
+    redis_version = found[0] if found else "?"
+    versions = {"python": platform.python_version()}
+    for package in ("aiodlock", "redis", "hiredis", "pottery", "aioredlock", "aioredis"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    doc = {
+        "meta": {
+            "name": args.name,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "command": " ".join(["python -m benchmarks.redlock", *(argv or sys.argv[1:])]),
+            "machine": _machine(),
+            "loadavg_before": loadavg_before,
+            "loadavg_after": _loadavg(),
+            "server": f"{NODES} x redis-server {redis_version.strip()} on loopback, no persistence",
+            "versions": versions,
+            "git": _git(),
+        },
+        "results": results,
+    }
+    doc["targets"] = targets(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = markdown(doc)
+    (args.out / f"{args.name}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

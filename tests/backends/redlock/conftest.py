@@ -1,0 +1,77 @@
+"""Fixtures for the Redlock backend tests: five independent Redis masters per test.
+
+The masters come from ``redis_many`` (tests/conftest.py): private servers on loopback
+ports that a test may kill, pause (SIGSTOP) and restart; all are closed at teardown.
+Every test uses a fresh namespace; ``raw`` gives a plain redis.asyncio client per node to
+look at the keys directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import aiodlock
+from tests.servers import RedisGroup
+
+from .redlock_helpers import ClientFactory
+
+NODES = 5
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def five(redis_many: Callable[..., RedisGroup]) -> RedisGroup:
+    """Five independent Redis masters (private to the test)."""
+    return redis_many(NODES)
+
+
+@pytest.fixture
+def url(five: RedisGroup) -> str:
+    return "redlock://" + five.hosts
+
+
+@pytest.fixture
+async def make_client(url: str, namespace: str) -> AsyncIterator[ClientFactory]:
+    """``await make_client(url=None, **options)``: an open client (the test's namespace)."""
+    clients: list[aiodlock.Client] = []
+
+    async def make(client_url: str | None = None, **options: Any) -> aiodlock.Client:
+        options.setdefault("namespace", namespace)
+        options.setdefault("op_timeout", 5.0)
+        client = aiodlock.connect(client_url or url, **options)
+        await client.open()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in reversed(clients):
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> aiodlock.Client:
+    return await make_client()
+
+
+@pytest.fixture
+async def raw(five: RedisGroup) -> AsyncIterator[list[aioredis.Redis]]:
+    """A plain redis.asyncio client per node (URL order), to look at keys directly."""
+    made = [
+        aioredis.Redis(host=s.host, port=s.port, socket_timeout=2.0, socket_connect_timeout=2.0)
+        for s in five
+    ]
+    yield made
+    for r in made:
+        with contextlib.suppress(Exception):
+            await r.aclose()

@@ -1,0 +1,116 @@
+"""The per-node pipelined connections: reconnects, NOSCRIPT, a stuck node, big batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+import aiodlock
+from aiodlock.backends._redis_scripts import LockKeys
+from tests.servers import RedisGroup
+
+from .redlock_helpers import HANG, ClientFactory, backend_of, eventually, holders, keys_per_node
+
+pytestmark = pytest.mark.redis
+
+
+async def test_a_restarted_node_is_reconnected(
+    client: aiodlock.Client, five: RedisGroup, raw: list[aioredis.Redis], namespace: str
+) -> None:
+    async with client.lock("re") as first:
+        pass
+    link = backend_of(client).nodes[0].link
+    assert link.connections == 1
+    five[0].restart()
+    await eventually(lambda: _answers(raw[0]), what="node 0 back")
+    async with client.lock("re", timeout=HANG) as second:
+        await eventually(lambda: _holds(raw[0], namespace, second.owner), what="key on node 0")
+    assert link.connections == 2
+    assert second.token > first.token
+    assert await keys_per_node(raw, namespace) == [[]] * 5
+
+
+async def _answers(r: aioredis.Redis) -> bool:
+    try:
+        return bool(await r.ping())
+    except (OSError, aioredis.RedisError):
+        return False
+
+
+async def _holds(r: aioredis.Redis, namespace: str, owner: str) -> bool:
+    return owner.encode() in await r.hgetall(LockKeys(namespace, "re").lock)
+
+
+async def test_scripts_flushed_from_the_servers_are_sent_again(
+    client: aiodlock.Client, raw: list[aioredis.Redis], namespace: str
+) -> None:
+    async with client.lock("flush"):
+        pass
+    for r in raw:
+        await r.script_flush()
+    async with client.lock("flush") as lease:  # NOSCRIPT -> EVAL with the source
+        found = await holders(raw, LockKeys(namespace, "flush").lock)
+        assert found == [{lease.owner.encode(): str(lease.token).encode()}] * 5
+        assert await client.status("flush") is not None
+    assert await keys_per_node(raw, namespace) == [[]] * 5
+
+
+@pytest.mark.slow
+async def test_a_stuck_node_gets_a_new_connection_after_op_timeout(
+    make_client: ClientFactory, five: RedisGroup, raw: list[aioredis.Redis], namespace: str
+) -> None:
+    c = await make_client(op_timeout=0.5, connect_timeout=0.5)
+    link = backend_of(c).nodes[4].link
+    assert link.connections == 1
+    five[4].pause()
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # requests pile up on the stuck connection
+            async with c.lock("stuck", timeout=HANG):
+                pass
+            await asyncio.sleep(0.05)
+    finally:
+        five[4].resume()
+
+    async def node_4_is_used_again() -> bool:
+        async with c.lock("stuck", timeout=HANG) as lease:
+            found = await holders(raw[4:], LockKeys(namespace, "stuck").lock)
+            return found == [{lease.owner.encode(): str(lease.token).encode()}]
+
+    await eventually(node_4_is_used_again, what="node 4 back in use")
+    assert link.connections >= 2
+    await eventually(lambda: _all_empty(raw, namespace), what="keys left on node 4")
+
+
+async def _all_empty(raw: list[aioredis.Redis], namespace: str) -> bool:
+    return await keys_per_node(raw, namespace) == [[]] * 5
+
+
+@pytest.mark.slow
+async def test_many_leases_are_renewed_in_batches(
+    make_client: ClientFactory, raw: list[aioredis.Redis], namespace: str
+) -> None:
+    c = await make_client(watchdog_ttl=1.0)
+    n = 200
+    ready = asyncio.Event()
+    done = asyncio.Event()
+    leases: list[aiodlock.Lease] = []
+
+    async def hold(i: int) -> None:
+        async with c.lock(f"many:{i}") as lease:
+            leases.append(lease)
+            if len(leases) == n:
+                ready.set()
+            await done.wait()
+
+    tasks = [asyncio.create_task(hold(i)) for i in range(n)]
+    await asyncio.wait_for(ready.wait(), HANG)
+    await asyncio.sleep(2.5)  # more than two lease lengths: several renewal batches
+    assert not [lease for lease in leases if lease.lost]
+    assert sum(len(keys) for keys in await keys_per_node(raw, namespace)) == 5 * n
+    done.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert await keys_per_node(raw, namespace) == [[]] * 5
