@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import aiodlock
+from tests.helpers import ClientFactory, open_clients
 
 #: backend -> (module, marks)
 BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
@@ -69,26 +69,12 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     raise AssertionError(backend)
 
 
-ClientFactory = Callable[..., Awaitable[aiodlock.Client]]
-
-
 @pytest.fixture
 async def make_client(backend_url: str) -> AsyncIterator[ClientFactory]:
     """Open clients on the backend under test, all in one fresh namespace; closed at the end."""
     namespace = f"t{uuid.uuid4().hex[:10]}"
-    clients: list[aiodlock.Client] = []
-
-    async def factory(**options: Any) -> aiodlock.Client:
-        options.setdefault("namespace", namespace)
-        options.setdefault("op_timeout", 5.0)
-        client = aiodlock.connect(backend_url, **options)
-        await client.open()
-        clients.append(client)
-        return client
-
-    yield factory
-    for client in clients:
-        await client.close()
+    async with open_clients(backend_url, namespace=namespace, op_timeout=5.0) as make:
+        yield make
 
 
 @pytest.fixture

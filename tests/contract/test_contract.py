@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 
 import aiodlock
 from aiodlock.backends._base import Capability
-
-from .conftest import ClientFactory
-
-# Generous upper bounds: they catch hangs, not slowness.
-HANG = 20.0
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = HANG) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
+from tests.helpers import HANG, ClientFactory, eventually
 
 # -- 1. mutual exclusion -----------------------------------------------------------------
 

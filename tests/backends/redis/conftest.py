@@ -23,6 +23,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from tests.conftest import require_server
+from tests.helpers import open_clients
 from tests.servers import HOST, RedisServer, ServerError, free_port
 
 from .redis_helpers import ClientFactory, RawFactory
@@ -43,20 +44,8 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 async def make_client(redis_url: str, namespace: str) -> AsyncIterator[ClientFactory]:
     """``await make_client(url=None, **options)``: an open client (the test's namespace)."""
-    clients: list[aiodlock.Client] = []
-
-    async def make(url: str | None = None, **options: Any) -> aiodlock.Client:
-        options.setdefault("namespace", namespace)
-        options.setdefault("op_timeout", 5.0)
-        client = aiodlock.connect(url or redis_url, **options)
-        await client.open()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in reversed(clients):
-        with contextlib.suppress(Exception):
-            await client.close()
+    async with open_clients(redis_url, namespace=namespace, op_timeout=5.0) as make:
+        yield make
 
 
 @pytest.fixture

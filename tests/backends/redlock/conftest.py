@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
+from tests.helpers import open_clients
 from tests.servers import RedisGroup
 
 from .redlock_helpers import ClientFactory
@@ -43,20 +43,8 @@ def url(five: RedisGroup) -> str:
 @pytest.fixture
 async def make_client(url: str, namespace: str) -> AsyncIterator[ClientFactory]:
     """``await make_client(url=None, **options)``: an open client (the test's namespace)."""
-    clients: list[aiodlock.Client] = []
-
-    async def make(client_url: str | None = None, **options: Any) -> aiodlock.Client:
-        options.setdefault("namespace", namespace)
-        options.setdefault("op_timeout", 5.0)
-        client = aiodlock.connect(client_url or url, **options)
-        await client.open()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in reversed(clients):
-        with contextlib.suppress(Exception):
-            await client.close()
+    async with open_clients(url, namespace=namespace, op_timeout=5.0) as make:
+        yield make
 
 
 @pytest.fixture

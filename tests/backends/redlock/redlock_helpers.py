@@ -3,43 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends.redlock import RedlockBackend
-
-#: Generous upper bound for "this must not hang" (the machine is shared and loaded).
-HANG = 20.0
-
-
-class ClientFactory(Protocol):
-    def __call__(self, url: str | None = None, **options: Any) -> Awaitable[aiodlock.Client]: ...
+from tests.helpers import HANG as HANG
+from tests.helpers import ClientFactory as ClientFactory
+from tests.helpers import eventually as eventually
 
 
 def backend_of(client: aiodlock.Client) -> RedlockBackend:
     backend = client.backend
     assert isinstance(backend, RedlockBackend)
     return backend
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool] | bool], timeout: float = HANG, what: str = ""
-) -> None:
-    """Poll ``check`` until it is true (a deadline, never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached within {timeout} s {what}".strip())
-        await asyncio.sleep(0.01)
 
 
 async def keys_of(raw: aioredis.Redis, namespace: str) -> list[bytes]:

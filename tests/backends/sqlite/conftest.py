@@ -5,11 +5,10 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import aiodlock
+from tests.helpers import open_clients
 
 from .sqlite_helpers import ClientFactory
 
@@ -27,17 +26,8 @@ def db_url(db_path: Path) -> str:
 @pytest.fixture
 async def make_client(db_url: str) -> AsyncIterator[ClientFactory]:
     """``await make_client(**options)``: an open client on the test's database file."""
-    clients: list[aiodlock.Client] = []
-
-    async def make(url: str | None = None, **options: Any) -> aiodlock.Client:
-        client = aiodlock.connect(url or db_url, **options)
-        await client.open()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in reversed(clients):
-        await client.close()
+    async with open_clients(db_url) as make:
+        yield make
 
 
 @pytest.fixture

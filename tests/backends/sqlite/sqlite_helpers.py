@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiodlock
 from aiodlock.backends.sqlite import SQLiteBackend
+from tests.helpers import ClientFactory as ClientFactory
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 
 #: ``await make_client(url=None, **options)`` -> an open client (closed at teardown).
-ClientFactory = Callable[..., Awaitable[aiodlock.Client]]
 
 
 def backend_of(client: aiodlock.Client) -> SQLiteBackend:

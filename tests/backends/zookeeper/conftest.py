@@ -13,13 +13,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiozk
 import pytest
 
-import aiodlock
 from tests.conftest import require_server
+from tests.helpers import open_clients
 from tests.servers import ZooKeeperServer
 
 from .zk_helpers import ClientFactory, RawFactory
@@ -39,19 +38,8 @@ def zk_url(zookeeper_server: ZooKeeperServer) -> str:
 
 @pytest.fixture
 async def make_client(zk_url: str, namespace: str) -> AsyncIterator[ClientFactory]:
-    clients: list[aiodlock.Client] = []
-
-    async def make(url: str | None = None, **options: Any) -> aiodlock.Client:
-        options.setdefault("namespace", namespace)
-        options.setdefault("session_timeout", 4.0)
-        client = aiodlock.connect(url or zk_url, **options)
-        await client.open()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in reversed(clients):
-        await client.close()
+    async with open_clients(zk_url, namespace=namespace, session_timeout=4.0) as make:
+        yield make
 
 
 @pytest.fixture

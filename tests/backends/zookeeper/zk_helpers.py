@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,12 @@ from aiozk import exc
 
 import aiodlock
 from aiodlock.backends.zookeeper import ZooKeeperBackend
+from tests.helpers import HANG as HANG
+from tests.helpers import ClientFactory as ClientFactory
+from tests.helpers import eventually as eventually
 
-ClientFactory = Callable[..., Awaitable[aiodlock.Client]]
 RawFactory = Callable[[str], Awaitable[aiozk.ZKClient]]
 
-#: Generous upper bounds: they catch hangs, not slowness (the machine is shared).
-HANG = 30.0
 
 WORKER = Path(__file__).with_name("zk_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,22 +29,6 @@ def backend_of(client: aiodlock.Client) -> ZooKeeperBackend:
     backend = client.backend
     assert isinstance(backend, ZooKeeperBackend)
     return backend
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = HANG
-) -> None:
-    """Poll ``check`` until it is true; AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def children(raw: aiozk.ZKClient, path: str) -> list[str]:
