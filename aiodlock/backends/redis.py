@@ -1566,10 +1566,24 @@ class RedisBackend(Backend):
                 if outcome is not None:
                     return outcome
         released = await self.node.release(data.keys, grant.owner, data.token)
-        if released and not data.fair and self._board.count(data.keys.channel_key):
+        if released and not data.fair and self._expects_message(data.keys):
             # The release message wakes one local waiter: reserve the next attempt for it.
             self._handoffs[grant.name] = monotonic() + self._handoff_window
         return released
+
+    def _expects_message(self, keys: LockKeys) -> bool:
+        """Will a release message reach a local waiter of this name?
+
+        NOTE: only when the subscription is confirmed: before that the message is lost, and
+        reserving the next attempt for a waiter that is never woken would stall every local
+        task for the whole hand-off window (seen as ~100 ms at the first contention).
+        """
+        hub = self._hub
+        return (
+            bool(self._board.count(keys.channel_key))
+            and hub is not None
+            and hub.is_ready(keys.channel)
+        )
 
     def _receiver(self, name: str, releaser: str) -> HubWaiter | None:
         """The oldest local non-fair waiter of ``name`` that may receive a hand-off now."""
@@ -1625,7 +1639,7 @@ class RedisBackend(Backend):
             return True
         if value < 0:
             # Released without a hand-over (a fair queue exists): as release() does.
-            if self._board.count(keys.channel_key):
+            if self._expects_message(keys):
                 self._handoffs[grant.name] = monotonic() + self._handoff_window
             return True
         return False
