@@ -31,11 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import gc
-import importlib.metadata
-import json
-import platform
 import shutil
 import statistics
 import sys
@@ -48,7 +44,7 @@ from typing import Any
 
 from . import workloads
 from .adapters import Adapter
-from .runner import RESULTS_DIR, _git, _loadavg, _machine
+from .runner import RESULTS_DIR, _loadavg, save_run
 from .server import servers_module
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
@@ -579,31 +575,18 @@ def main(argv: list[str] | None = None) -> int:
         version = group[0].cli("INFO", "server").splitlines()
     found = [x.split(":", 1)[1] for x in version if x.startswith("redis_version")]
     redis_version = found[0] if found else "?"
-    versions = {"python": platform.python_version()}
-    for package in ("aiodlock", "redis", "hiredis", "pottery", "aioredlock", "aioredis"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    doc = {
-        "meta": {
-            "name": args.name,
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "command": " ".join(["python -m benchmarks.redlock", *(argv or sys.argv[1:])]),
-            "machine": _machine(),
-            "loadavg_before": loadavg_before,
-            "loadavg_after": _loadavg(),
-            "server": f"{NODES} x redis-server {redis_version.strip()} on loopback, no persistence",
-            "versions": versions,
-            "git": _git(),
-        },
-        "results": results,
-    }
-    doc["targets"] = targets(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    text = markdown(doc)
-    (args.out / f"{args.name}.md").write_text(text)
+    text = save_run(
+        out=args.out,
+        name=args.name,
+        module="benchmarks.redlock",
+        argv=argv,
+        server=f"{NODES} x redis-server {redis_version.strip()} on loopback, no persistence",
+        packages=("aiodlock", "redis", "hiredis", "pottery", "aioredlock", "aioredis"),
+        loadavg_before=loadavg_before,
+        results=results,
+        targets=targets,
+        markdown=markdown,
+    )
     print(text)
     return 0
 

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import gc
 import hashlib
+import importlib.metadata
 import io
 import json
 import os
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -700,3 +701,50 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1 if failed or errored else 0
     return 0
+
+
+def package_versions(*packages: str) -> dict[str, str]:
+    """Installed versions of ``packages`` (and Python), for the results' metadata."""
+    versions = {"python": platform.python_version()}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def save_run(
+    *,
+    out: Path,
+    name: str,
+    module: str,
+    argv: Sequence[str] | None,
+    server: str,
+    packages: Sequence[str],
+    loadavg_before: Any,
+    results: Any,
+    targets: Callable[[Any], Any],
+    markdown: Callable[[dict[str, Any]], str],
+) -> str:
+    """Write ``<out>/<name>.json`` and ``.md`` for a side benchmark (ZooKeeper, Redlock)."""
+    doc: dict[str, Any] = {
+        "meta": {
+            "name": name,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "command": " ".join([f"python -m {module}", *(argv or sys.argv[1:])]),
+            "machine": _machine(),
+            "loadavg_before": loadavg_before,
+            "loadavg_after": _loadavg(),
+            "server": server,
+            "versions": package_versions(*packages),
+            "git": _git(),
+        },
+        "results": results,
+    }
+    doc["targets"] = targets(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = markdown(doc)
+    (out / f"{name}.md").write_text(text)
+    return text

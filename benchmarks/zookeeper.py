@@ -21,11 +21,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import datetime
-import importlib.metadata
-import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -39,7 +35,7 @@ from typing import Any
 
 from . import workloads
 from .adapters import Adapter
-from .runner import RESULTS_DIR, _git, _loadavg, _machine
+from .runner import RESULTS_DIR, _loadavg, save_run
 from .server import servers_module
 
 __all__ = ["ADAPTERS", "main"]
@@ -679,31 +675,18 @@ def main(argv: list[str] | None = None) -> int:
         loadavg_before = _loadavg()
         results = asyncio.run(run(args, server.url, server.address, server.pid))
         version = server.four_letter("srvr").splitlines()[0]
-    versions = {"python": platform.python_version()}
-    for package in ("aiodlock", "aiozk", "kazoo"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    doc: dict[str, Any] = {
-        "meta": {
-            "name": args.name,
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "command": " ".join(["python -m benchmarks.zookeeper", *(argv or sys.argv[1:])]),
-            "machine": _machine(),
-            "loadavg_before": loadavg_before,
-            "loadavg_after": _loadavg(),
-            "server": f"{version} standalone on loopback, forceSync={args.force_sync}",
-            "versions": versions,
-            "git": _git(),
-        },
-        "results": results,
-    }
-    doc["targets"] = targets(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    text = markdown(doc)
-    (args.out / f"{args.name}.md").write_text(text)
+    text = save_run(
+        out=args.out,
+        name=args.name,
+        module="benchmarks.zookeeper",
+        argv=argv,
+        server=f"{version} standalone on loopback, forceSync={args.force_sync}",
+        packages=("aiodlock", "aiozk", "kazoo"),
+        loadavg_before=loadavg_before,
+        results=results,
+        targets=targets,
+        markdown=markdown,
+    )
     print(text)
     return 0
 
