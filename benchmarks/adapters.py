@@ -109,31 +109,24 @@ def _missing(*modules: str) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-class AiodlockRedis(Adapter):
-    name = "aiodlock"
-    library = "aiodlock (redis://)"
+class AiodlockAdapter(Adapter):
+    """aiodlock through its public API; subclasses say how to connect (one per backend)."""
+
     role = "subject"
-    packages = ("aiodlock", "redis", "hiredis")
-    supports_fair = True
+    #: Keyword options for ``aiodlock.connect``.
+    connect_options: ClassVar[dict[str, Any]] = {}
 
     def _url(self) -> str:
         assert self.url is not None
         return self.url
 
-    @classmethod
-    def unavailable(cls, url: str | None) -> str | None:
+    def _client(self) -> Any:
         import aiodlock
 
-        try:
-            aiodlock.connect(url or "redis://127.0.0.1:1/0")
-        except aiodlock.ConfigurationError as exc:
-            return f"aiodlock.connect() refused the URL: {exc}"
-        return None
+        return aiodlock.connect(self._url(), **self.connect_options)
 
     async def open(self) -> None:
-        import aiodlock
-
-        self.client = aiodlock.connect(self._url())
+        self.client = self._client()
         await self.client.open()
 
     def new_lock(self, name: str, fair: bool = False) -> Any:
@@ -152,6 +145,24 @@ class AiodlockRedis(Adapter):
 
     async def abort(self, name: str) -> None:
         await self.client.force_release(name)
+
+
+class AiodlockRedis(AiodlockAdapter):
+    name = "aiodlock"
+    library = "aiodlock (redis://)"
+    role = "subject"
+    packages = ("aiodlock", "redis", "hiredis")
+    supports_fair = True
+
+    @classmethod
+    def unavailable(cls, url: str | None) -> str | None:
+        import aiodlock
+
+        try:
+            aiodlock.connect(url or "redis://127.0.0.1:1/0")
+        except aiodlock.ConfigurationError as exc:
+            return f"aiodlock.connect() refused the URL: {exc}"
+        return None
 
 
 class AiodlockMemory(AiodlockRedis):

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from . import workloads
-from .adapters import Adapter
+from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _loadavg, save_run
 from .server import servers_module
 
@@ -92,39 +92,12 @@ def _sequential_backend_class() -> type[Any]:
     return SequentialRedlockBackend
 
 
-class AiodlockRedlock(Adapter):
+class AiodlockRedlock(AiodlockAdapter):
     """aiodlock through its public API on ``redlock://`` (5 masters)."""
 
     name = "aiodlock"
     library = "aiodlock (redlock://, 5 masters, concurrent fan-out)"
-    role = "subject"
     packages = ("aiodlock", "redis", "hiredis")
-
-    def _client(self) -> Any:
-        import aiodlock
-
-        assert self.url is not None
-        return aiodlock.connect(self.url)
-
-    async def open(self) -> None:
-        self.client = self._client()
-        await self.client.open()
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return self.client.lock(name)
-
-    async def acquire(self, lock: Any) -> float | None:
-        await lock.acquire()
-        return None
-
-    async def release(self, lock: Any) -> None:
-        await lock.release()
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    async def abort(self, name: str) -> None:
-        await self.client.force_release(name)
 
 
 class SequentialRedlock(AiodlockRedlock):

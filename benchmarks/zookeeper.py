@@ -31,10 +31,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from . import workloads
-from .adapters import Adapter
+from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _loadavg, save_run
 from .server import servers_module
 
@@ -48,38 +48,15 @@ def _hosts(url: str | None) -> str:
     return url.split("://", 1)[1].split("/", 1)[0]
 
 
-class AiodlockZooKeeper(Adapter):
+class AiodlockZooKeeper(AiodlockAdapter):
     """aiodlock through its public API on ``zookeeper://``."""
 
     name = "aiodlock"
     library = "aiodlock (zookeeper://)"
-    role = "subject"
     packages = ("aiodlock", "aiozk")
     needs_redis = False
     supports_fair = True
-
-    async def open(self) -> None:
-        import aiodlock
-
-        assert self.url is not None
-        self.client = aiodlock.connect(self.url, session_timeout=30)
-        await self.client.open()
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return self.client.lock(name, fair=fair)
-
-    async def acquire(self, lock: Any) -> float | None:
-        await lock.acquire()
-        return None
-
-    async def release(self, lock: Any) -> None:
-        await lock.release()
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    async def abort(self, name: str) -> None:
-        await self.client.force_release(name)
+    connect_options: ClassVar[dict[str, Any]] = {"session_timeout": 30}
 
 
 class KazooLock(Adapter):
