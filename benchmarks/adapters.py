@@ -59,6 +59,10 @@ class Adapter(abc.ABC):
         """Why this adapter cannot run here (a missing package), or None."""
         return None
 
+    def master_hosts(self) -> list[tuple[str, int]]:
+        """The Redis masters a (Red)lock peer spreads over: the URL's one by default."""
+        return [_host_port(self.url)]
+
     @abc.abstractmethod
     async def open(self) -> None: ...
 
@@ -357,12 +361,12 @@ class PotteryRedlock(Adapter):
     async def open(self) -> None:
         import redis.asyncio as aioredis
 
-        self.redis = aioredis.Redis.from_url(self.url or "")
+        self.masters = {aioredis.Redis(host=h, port=p) for h, p in self.master_hosts()}
 
     def new_lock(self, name: str, fair: bool = False) -> Any:
         from pottery import AIORedlock
 
-        return AIORedlock(key=name, masters={self.redis})
+        return AIORedlock(key=name, masters=self.masters)
 
     async def acquire(self, lock: Any) -> float | None:
         if not await lock.acquire():
@@ -373,7 +377,8 @@ class PotteryRedlock(Adapter):
         await lock.release()
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        for master in self.masters:
+            await master.aclose()
         await super().close()
 
 
@@ -404,8 +409,7 @@ class Aioredlock(Adapter):
     async def open(self) -> None:
         from aioredlock import Aioredlock as Manager
 
-        host, port = _host_port(self.url)
-        self.manager = Manager([{"host": host, "port": port}])
+        self.manager = Manager([{"host": h, "port": p} for h, p in self.master_hosts()])
 
     def new_lock(self, name: str, fair: bool = False) -> Any:
         return _AioredlockHandle(name)

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import workloads
+from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _loadavg, save_run
 from .server import servers_module
@@ -115,8 +115,11 @@ class SequentialRedlock(AiodlockRedlock):
         return aiodlock.Client(_sequential_backend_class()(backend.settings, backend.config))
 
 
-class _RawAbort(Adapter):
-    """Peers: ``abort`` deletes the name's keys on every master."""
+class _FiveMasters(Adapter):
+    """Peers on every master of the URL; ``abort`` deletes the name's keys on each."""
+
+    def master_hosts(self) -> list[tuple[str, int]]:
+        return _hosts(self.url)
 
     async def abort(self, name: str) -> None:
         import redis.asyncio as aioredis
@@ -130,93 +133,16 @@ class _RawAbort(Adapter):
                 await client.aclose()
 
 
-class PotteryRedlock(_RawAbort):
+class PotteryRedlock(_FiveMasters, adapters.PotteryRedlock):
     """pottery ``AIORedlock`` on the 5 masters: 10 s auto-release, retries after 0-0.2 s."""
 
-    name = "pottery"
     library = "pottery AIORedlock (5 masters, defaults)"
-    role = "peer"
-    packages = ("pottery", "redis")
-
-    @classmethod
-    def unavailable(cls, url: str | None) -> str | None:
-        try:
-            import pottery  # noqa: F401
-        except ImportError as exc:
-            return f"pottery is not installed ({exc}); pip install 'aiodlock[bench]'"
-        return None
-
-    async def open(self) -> None:
-        import redis.asyncio as aioredis
-
-        self.masters = {aioredis.Redis(host=h, port=p) for h, p in _hosts(self.url)}
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        from pottery import AIORedlock
-
-        return AIORedlock(key=name, masters=self.masters)
-
-    async def acquire(self, lock: Any) -> float | None:
-        if not await lock.acquire():
-            raise RuntimeError("AIORedlock.acquire() returned False without a timeout")
-        return None
-
-    async def release(self, lock: Any) -> None:
-        await lock.release()
-
-    async def close(self) -> None:
-        for master in self.masters:
-            await master.aclose()
 
 
-class _Held:
-    __slots__ = ("held", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.held: Any = None
-
-
-class AioredlockRedlock(_RawAbort):
+class AioredlockRedlock(_FiveMasters, adapters.Aioredlock):
     """aioredlock on the 5 masters: 3 tries 0.1-0.3 s apart, then ``LockError`` (retried)."""
 
-    name = "aioredlock"
     library = "aioredlock (5 masters, defaults, retried on LockError)"
-    role = "peer"
-    packages = ("aioredlock", "aioredis")
-
-    @classmethod
-    def unavailable(cls, url: str | None) -> str | None:
-        try:
-            import aioredlock  # noqa: F401
-        except ImportError as exc:
-            return f"aioredlock is not installed ({exc}); pip install 'aiodlock[bench]'"
-        return None
-
-    async def open(self) -> None:
-        from aioredlock import Aioredlock
-
-        self.manager = Aioredlock([{"host": h, "port": p} for h, p in _hosts(self.url)])
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return _Held(name)
-
-    async def acquire(self, lock: Any) -> float | None:
-        from aioredlock import LockError
-
-        while True:
-            try:
-                lock.held = await self.manager.lock(lock.name)
-            except LockError:
-                continue
-            return None
-
-    async def release(self, lock: Any) -> None:
-        held, lock.held = lock.held, None
-        await self.manager.unlock(held)
-
-    async def close(self) -> None:
-        await self.manager.destroy()
 
 
 ADAPTERS: dict[str, type[Adapter]] = {
