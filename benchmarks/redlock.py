@@ -44,7 +44,7 @@ from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _loadavg, save_run
+from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
 from .server import servers_module
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
@@ -429,13 +429,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "Targets:",
         "",
     ]
-    for t in doc["targets"]:
-        lines.append(f"- [{t['status']}] {t['goal']}: {t['measured']}")
+    lines += target_lines(doc)
     return "\n".join(lines) + "\n"
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -748,3 +748,8 @@ def save_run(
     text = markdown(doc)
     (out / f"{name}.md").write_text(text)
     return text
+
+
+def target_lines(doc: dict[str, Any]) -> list[str]:
+    """``- [PASS] goal: measured`` for each judged target of a side benchmark."""
+    return [f"- [{t['status']}] {t['goal']}: {t['measured']}" for t in doc["targets"]]

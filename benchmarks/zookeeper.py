@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _loadavg, save_run
+from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
 from .server import servers_module
 
 __all__ = ["ADAPTERS", "main"]
@@ -594,13 +594,8 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {row['server_packets_sent_per_handoff']} | {row['violations']} |"
             )
     lines += ["", "Targets:", ""]
-    for t in doc["targets"]:
-        lines.append(f"- [{t['status']}] {t['goal']}: {t['measured']}")
+    lines += target_lines(doc)
     return "\n".join(lines) + "\n"
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
