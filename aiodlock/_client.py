@@ -37,6 +37,7 @@ from ._lease import Lease, LockStatus
 from ._observers import Observer, notify
 from ._registry import load_backend
 from ._url import parse_url, take_float, take_str
+from ._waiting import acquire_loop
 from ._watchdog import Watchdog
 from .backends._base import Backend, Capability, CommonConfig, Grant, Request, monotonic
 
@@ -246,6 +247,8 @@ class Client:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._config = backend.config
+        # The backend keeps Backend.acquire (the shared try-then-wait loop)?
+        self._default_acquire = type(backend).acquire is Backend.acquire
         #: A unique string per client instance; owners are ``f"{id}:{n}"``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], _Hold] = {}
@@ -477,14 +480,26 @@ class Client:
                 )
             hold.count += 1  # reentrant: no round trip
             return hold.lease
-        await self._ensure_open()
+        if self._state != "open":
+            await self.open()
         backend = self._backend
         lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
         request = Request(name, owner, lease_ttl, fair)
         started = monotonic()
         deadline = None if timeout is None else started + timeout
         try:
-            grant = await backend.acquire(request, deadline)
+            if self._default_acquire:
+                # Backend.acquire() is the shared loop: make its first attempt here (one
+                # coroutine less per uncontended acquire), the loop only if it was busy.
+                first = await backend.try_acquire(
+                    request, will_wait=deadline is None or deadline > started
+                )
+                if isinstance(first, Grant):
+                    grant: Grant | None = first
+                else:
+                    grant = await acquire_loop(backend, request, deadline, first)
+            else:
+                grant = await backend.acquire(request, deadline)
         except BaseException:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
@@ -568,24 +583,44 @@ class Client:
         hold.count -= 1
         if hold.count > 0:
             return
+        started: Awaitable[bool] | None = None
+        if not hold.server_released:
+            # The request leaves now where the backend can send it at once; the bookkeeping
+            # below then runs while the server works.
+            hold.server_released = True
+            self._watchdog.untrack(hold)
+            started = self._backend.start_release(hold.grant)
         self._forget(hold)
         notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
-        await self._server_release(hold, raise_errors=True)
+        if started is not None:
+            await self._server_release(hold, raise_errors=True, started=started)
         if hold.lost and hold.on_lost == "cancel":
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
 
-    async def _server_release(self, hold: _Hold, *, raise_errors: bool = False) -> None:
-        """Release ``hold`` on the server once; a cancellation cannot stop it half-way."""
-        if hold.server_released:
-            return
-        hold.server_released = True
+    async def _server_release(
+        self,
+        hold: _Hold,
+        *,
+        raise_errors: bool = False,
+        started: Awaitable[bool] | None = None,
+    ) -> None:
+        """Release ``hold`` on the server once; a cancellation cannot stop it half-way.
+
+        ``started``: the release, already begun by :meth:`Backend.start_release` (the hold
+        is then marked and untracked already).
+        """
+        if started is None:
+            if hold.server_released:
+                return
+            hold.server_released = True
+            self._watchdog.untrack(hold)
+            started = self._backend.release(hold.grant)
         hold.generation += 1
-        self._watchdog.untrack(hold)
         error: BaseException | None = None
         released = True
         try:
             # Each backend round trip is bounded by op_timeout in the backend itself.
-            released = await self._backend.release(hold.grant)
+            released = await started
         except BackendError as exc:
             error = exc
         except BaseException:

@@ -29,11 +29,20 @@ if TYPE_CHECKING:
 __all__ = ["Backoff", "BackoffWaiter", "BoardWaiter", "WakeupBoard", "acquire_loop"]
 
 
-async def acquire_loop(backend: Backend, request: Request, deadline: float | None) -> Grant | None:
-    """Try, then sleep on the backend's waiter and retry until granted or ``deadline``."""
-    first = await backend.try_acquire(request, will_wait=deadline is None or deadline > monotonic())
-    if isinstance(first, Grant):
-        return first
+async def acquire_loop(
+    backend: Backend, request: Request, deadline: float | None, first: Busy | None = None
+) -> Grant | None:
+    """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
+
+    ``first``: the answer of a first attempt the caller already made.
+    """
+    if first is None:
+        result = await backend.try_acquire(
+            request, will_wait=deadline is None or deadline > monotonic()
+        )
+        if isinstance(result, Grant):
+            return result
+        first = result
     if deadline is not None and monotonic() >= deadline:
         if request.fair:
             await backend.abandon(request)

@@ -73,20 +73,29 @@ def _sequential_backend_class() -> type[Any]:
         Redlock loop).
         """
 
-        async def _fan_out(
+        def _start_fan_out(
             self,
             nodes: Sequence[Any],
             request: Callable[[Any, Callable[[Any], None]], None],
             *,
+            decided: Callable[[list[Any]], bool] | None = None,
+            vote: Callable[[int, Any], bool | None] | None = None,
+        ) -> Any:
+            return request  # nothing is sent before the waiting half
+
+        async def _finish_fan_out(
+            self,
+            gather: Any,
+            nodes: Sequence[Any],
+            *,
             what: str,
             timeout: float,
             patience: float | None = None,
-            decided: Callable[[list[Any]], bool] | None = None,
-            vote: Callable[[int, Any], bool | None] | None = None,
         ) -> list[Any]:
             outcomes: list[Any] = []
             for node in nodes:
-                outcomes += await super()._fan_out([node], request, what=what, timeout=timeout)
+                one = super()._start_fan_out([node], gather)
+                outcomes += await super()._finish_fan_out(one, [node], what=what, timeout=timeout)
             return outcomes
 
     return SequentialRedlockBackend

@@ -34,7 +34,7 @@ import abc
 import dataclasses
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Protocol, Self
 
@@ -203,6 +203,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def release(self, grant: Grant) -> bool:
         """Compare-and-delete by owner; wakes the next waiter.  False if it was not ours."""
+
+    def start_release(self, grant: Grant) -> Awaitable[bool]:
+        """:meth:`release`, begun now: the result, awaited, is what :meth:`release` returns.
+
+        A backend that can put the request on the wire without awaiting anything (a
+        pipelined connection) sends it here, so the core's bookkeeping runs while the
+        server works.  Must not raise (a failure surfaces when the result is awaited), and
+        the result must be awaited.  The default sends nothing before that.
+        """
+        return self.release(grant)
 
     @abc.abstractmethod
     async def abandon(self, request: Request) -> None:

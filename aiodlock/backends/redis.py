@@ -37,6 +37,7 @@ from typing import Any, Literal, Self, TypeAlias
 
 import anyio
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
@@ -80,6 +81,7 @@ from ._redis_scripts import (
     LockKeys,
     Script,
 )
+from ._redis_wire import Address, EvalPacker, Link, ReplyError, pack, resolver
 
 __all__ = [
     "Deadlines",
@@ -98,7 +100,7 @@ log = logging.getLogger("aiodlock")
 
 AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 
-_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException)
+_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, ReplyError)
 _TIMEOUTS: tuple[type[BaseException], ...] = (RedisTimeoutError,)
 
 DEFAULT_PORT = 6379
@@ -190,6 +192,17 @@ class Deadlines:
 def _ignore_result(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _wire_reply(reply: Any, *, raise_errors: bool) -> Any:
+    """A reply from the link as redis-py would give it: an error reply becomes redis-py's
+    exception (``NoScriptError``, ``ResponseError``...), raised or returned."""
+    if isinstance(reply, BaseException):
+        if isinstance(reply, ReplyError):
+            reply = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
+        if raise_errors or not isinstance(reply, ResponseError):
+            raise reply
+    return reply
 
 
 class _Connections:
@@ -305,6 +318,7 @@ class RedisNode:
         secrets: tuple[str, ...] = (),
         sync_replicas: int = 0,
         sync_timeout: float = 1.0,
+        link: Link | None = None,
     ) -> None:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
@@ -313,24 +327,39 @@ class RedisNode:
         self.sync_replicas = sync_replicas
         self.sync_timeout_ms = _ms(sync_timeout)
         self._secrets = tuple(s for s in secrets if s)
+        #: The pipelined connection that carries every command (one server, no Sentinel,
+        #: no WAIT), else None: commands go through redis-py's connections.
+        self.link = link
+        self._pack_eval = EvalPacker()
         self._conns = (
-            None if isinstance(client, RedisCluster) else _Connections(client.connection_pool)
+            None
+            if link is not None or isinstance(client, RedisCluster)
+            else _Connections(client.connection_pool)
         )
         self._deadlines = Deadlines()
         #: Round trips started (a pipeline counts once): for tests and curious users.
         self.round_trips = 0
 
     async def aclose(self) -> None:
-        """Give borrowed connections back to the client's pool (the client stays open)."""
+        """Close the link, give borrowed connections back to the client's pool (the client
+        stays open)."""
+        if self.link is not None:
+            self.link.close()
         if self._conns is not None:
             await self._conns.aclose()
 
     def reset_connections(self) -> None:
-        """Drop idle connections (the server behind them changed or went away)."""
+        """Drop idle connections (the server behind them changed or went away).
+
+        (The link needs no reset: it notices a broken connection itself and its server
+        cannot change.)
+        """
         if self._conns is not None:
             self._conns.reset()
 
     async def _call(self, *args: Any) -> Any:
+        if self.link is not None:
+            return _wire_reply(await self.link.call(pack(*args)), raise_errors=True)
         if self._conns is not None:
             return await self._conns.call(args)
         return await self.client.execute_command(*args)
@@ -338,6 +367,12 @@ class RedisNode:
     async def _batch(
         self, commands: Sequence[Sequence[Any]], *, wait_node: ClusterNode | None = None
     ) -> list[Any]:
+        link = self.link
+        if link is not None:
+            loop = asyncio.get_running_loop()
+            futures = [loop.create_future() for _ in commands]
+            link.send(b"".join(pack(*c) for c in commands), [resolver(f) for f in futures])
+            return [_wire_reply(await f, raise_errors=False) for f in futures]
         if self._conns is not None:
             return await self._conns.batch(commands)
         pipe = self.client.pipeline(transaction=False)
@@ -407,19 +442,25 @@ class RedisNode:
     async def run(
         self,
         script: Script,
-        keys: Sequence[bytes],
+        keys: tuple[bytes, ...],
         args: Sequence[Any],
         *,
         timeout: float | None = None,
     ) -> Any:
         """Run ``script`` once (EVALSHA, EVAL on NOSCRIPT), bounded and translated."""
+        if self.link is not None and (timeout is None or timeout == self.op_timeout):
+            # The link's own timer bounds the call by op_timeout.
+            return await self.finish(self.start(script, keys, args), script, keys, args)
         # NOTE: the hot path (every acquire and release): _bounded() and _eval() inlined.
         self.round_trips += 1
         entry = self._deadlines.enter(self.op_timeout if timeout is None else timeout)
         try:
             conns = self._conns
             try:
-                if conns is not None:
+                if self.link is not None:
+                    reply = await self.link.call(self._pack_eval(script, keys, args))
+                    result = _wire_reply(reply, raise_errors=True)
+                elif conns is not None:
                     result = await conns.call(("EVALSHA", script.sha, len(keys), *keys, *args))
                 else:
                     result = await self.client.execute_command(
@@ -434,6 +475,37 @@ class RedisNode:
             raise self._failed(entry, exc, script.name, timeout)  # noqa: B904
         self._deadlines.leave(entry, None)
         return result
+
+    def start(
+        self, script: Script, keys: tuple[bytes, ...], args: Sequence[Any]
+    ) -> asyncio.Future[Any]:
+        """Send ``script`` on the link now; :meth:`finish` gets its answer.
+
+        Only with a link (``self.link``); never raises: a failure is the future's result.
+        """
+        assert self.link is not None
+        self.round_trips += 1
+        return self.link.call(self._pack_eval(script, keys, args))
+
+    async def finish(
+        self,
+        sent: asyncio.Future[Any],
+        script: Script,
+        keys: tuple[bytes, ...],
+        args: Sequence[Any],
+    ) -> Any:
+        """The answer to :meth:`start`, as :meth:`run` gives it (EVAL on NOSCRIPT; errors
+        translated; bounded by op_timeout through the link's timer)."""
+        try:
+            reply = await sent
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                # NOTE: NOSCRIPT means the script did not run, so sending it again is safe.
+                assert self.link is not None
+                self.round_trips += 1
+                reply = await self.link.call(pack(b"EVAL", script.source, len(keys), *keys, *args))
+            return _wire_reply(reply, raise_errors=True)
+        except Exception as exc:
+            raise self._translated(exc, script.name)  # noqa: B904 - __cause__ is set there
 
     async def _pipeline(
         self,
@@ -533,8 +605,11 @@ class RedisNode:
             k = (keys.lock, keys.counter)
             a = (owner, lease_ms)
         if not self.sync_replicas:
-            reply: int = await self.run(script, k, a, timeout=timeout)
-            return reply
+            if self.link is not None and timeout is None:
+                reply: int = await self.finish(self.start(script, k, a), script, k, a)
+                return reply
+            reply = await self.run(script, k, a, timeout=timeout)
+            return reply  # noqa: RET504 - typed
         replies, acks = await self.run_many(
             script, [(k, a)], what=script.name, timeout=timeout, wait_replicas=True
         )
@@ -1082,11 +1157,18 @@ class _Settings:
     shown: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class _GrantData:
-    keys: LockKeys
-    token: str
-    fair: bool
+    """What a grant needs to be renewed and released (a plain class: made per acquire)."""
+
+    __slots__ = ("fair", "keys", "token")
+
+    def __init__(self, keys: LockKeys, token: str, fair: bool) -> None:
+        self.keys = keys
+        self.token = token
+        self.fair = fair
+
+    def __repr__(self) -> str:
+        return f"<_GrantData {self.keys.lock!r} token={self.token}>"
 
 
 _SSL_CERT_REQS = ("required", "optional", "none")
@@ -1337,6 +1419,34 @@ class RedisBackend(Backend):
         host, port = s.hosts[0]
         return aioredis.Redis(host=host, port=port, db=s.db, **kwargs)
 
+    def _build_link(self) -> Link | None:
+        """The pipelined connection for one plain server (``redis://``, ``unix://``).
+
+        Not for Sentinel (redis-py's pool follows the master), Cluster (redis-py routes by
+        slot), TLS (redis-py builds the SSL context from the URL's options), a client of the
+        caller's, or ``sync_replicas`` (a ``WAIT`` blocks its connection on the server, and
+        would hold up every other request on a shared one).
+        """
+        s = self.settings
+        if s.client is not None or s.tls or s.sync_replicas or s.mode not in ("server", "unix"):
+            return None
+        if s.mode == "unix":
+            assert s.socket_path is not None
+            address = Address(path=s.socket_path)
+        else:
+            address = Address(*s.hosts[0])
+        return Link(
+            "redis",
+            address,
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            username=s.username,
+            password=s.password,
+            db=s.db,
+            client_name=s.client_name,
+            scripts=ALL_SCRIPTS,
+        )
+
     async def open(self, on_lost: LostCallback) -> None:
         self._client = self._build_client()
         self._node = RedisNode(
@@ -1346,6 +1456,7 @@ class RedisBackend(Backend):
             secrets=self._secrets,
             sync_replicas=self.settings.sync_replicas,
             sync_timeout=self.settings.sync_timeout,
+            link=self._build_link(),
         )
         ttl = self.config.watchdog_ttl
         self._hub = PubSubHub(
@@ -1568,6 +1679,36 @@ class RedisBackend(Backend):
         released = await self.node.release(data.keys, grant.owner, data.token)
         if released and not data.fair and self._expects_message(data.keys):
             # The release message wakes one local waiter: reserve the next attempt for it.
+            self._handoffs[grant.name] = monotonic() + self._handoff_window
+        return released
+
+    def start_release(self, grant: Grant) -> Awaitable[bool]:
+        node = self._node
+        data = grant.data
+        if (
+            node is None
+            or node.link is None
+            or not isinstance(data, _GrantData)
+            or (self._local and not data.fair and self._receiver(grant.name, grant.owner))
+        ):
+            return self.release(grant)  # (a local hand-off, or no link: nothing to win)
+        keys = data.keys
+        k = (keys.lock, keys.queue, keys.deadlines)
+        a = (grant.owner, data.token, keys.channel, keys.waiter_prefix)
+        return self._finish_release(grant, data, node, node.start(RELEASE, k, a), k, a)
+
+    async def _finish_release(
+        self,
+        grant: Grant,
+        data: _GrantData,
+        node: RedisNode,
+        sent: asyncio.Future[Any],
+        k: tuple[bytes, ...],
+        a: tuple[Any, ...],
+    ) -> bool:
+        released = bool(await node.finish(sent, RELEASE, k, a) == 1)
+        if released and not data.fair and self._expects_message(data.keys):
+            # (as in release())
             self._handoffs[grant.name] = monotonic() + self._handoff_window
         return released
 

@@ -24,7 +24,8 @@ SHA).  This module adds the quorum on top:
    marker key that vanished) does not count towards a majority until that long after it was
    first seen empty.
 
-Each node is spoken to over ONE pipelined connection (:class:`_Link`): requests are written
+Each node is spoken to over ONE pipelined connection (:class:`~._redis_wire.Link`, shared with
+the Redis backend): requests are written
 in order and the replies matched in order, so a fan-out costs one write per node and one
 wake-up of the caller, not a task and a pooled connection per node; and every request to a
 node runs after the ones sent before it (an attempt's clean-up can never overtake the
@@ -37,18 +38,16 @@ See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, Self
 
 import anyio
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
@@ -78,6 +77,7 @@ from ._redis_scripts import (
     LockKeys,
     Script,
 )
+from ._redis_wire import WIRE_ERRORS, Address, Link, OnReply, ScriptCall, pack
 from .redis import PubSubHub, no_retry
 
 __all__ = ["RAISE_COUNTER", "REJOIN", "RedlockBackend"]
@@ -137,330 +137,6 @@ def _ms(seconds: float) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# one pipelined connection per node
-# --------------------------------------------------------------------------------------------
-
-
-class ReplyError(Exception):
-    """An error reply of a Redis server (``-ERR ...``, ``-NOSCRIPT ...``)."""
-
-
-class NodeConnectionError(ConnectionError):
-    """The connection to a node broke (or could not be made)."""
-
-
-_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
-
-#: What a request's callback receives: the decoded reply or one of these exceptions
-#: (never raised: a reply error or a broken connection is a result like any other).
-OnReply = Callable[[Any], None]
-
-
-Arg = bytes | str | int
-
-
-def pack(*args: Arg) -> bytes:
-    """One command in the Redis protocol (RESP)."""
-    parts = [b"*%d\r\n" % len(args)]
-    append = parts.append
-    for arg in args:
-        data: bytes
-        if type(arg) is bytes:
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode("utf-8", "surrogatepass")
-        elif isinstance(arg, bytes):
-            data = bytes(arg)
-        else:
-            data = b"%d" % arg
-        append(b"$%d\r\n" % len(data))
-        append(data)
-        append(b"\r\n")
-    return b"".join(parts)
-
-
-class _Call:
-    """One run of a script, packed once however many nodes it is sent to."""
-
-    __slots__ = ("_data", "args", "keys", "script")
-
-    def __init__(self, script: Script, keys: Sequence[bytes], args: Sequence[Arg]) -> None:
-        self.script = script
-        self.keys = keys
-        self.args = args
-        self._data: bytes | None = None
-
-    @property
-    def data(self) -> bytes:
-        """``EVALSHA sha numkeys keys... args...``"""
-        if self._data is None:
-            self._data = pack(b"EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
-        return self._data
-
-    def with_source(self) -> bytes:
-        """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
-        return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
-
-
-class _Pipe(asyncio.Protocol):
-    """The protocol side of one connection: replies are handed to callbacks in order."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self._reader = hiredis.Reader(replyError=ReplyError)
-        self._waiting: collections.deque[OnReply] = collections.deque()
-        self._sent_at: collections.deque[float] = collections.deque()
-        #: Why the connection is unusable, once it is.
-        self.broken: BaseException | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        reader = self._reader
-        reader.feed(data)
-        waiting = self._waiting
-        while waiting:
-            try:
-                reply = reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.close(NodeConnectionError(f"protocol error: {exc}"))
-                return
-            if reply is False:
-                return
-            self._sent_at.popleft()
-            callback = waiting.popleft()
-            try:
-                callback(reply)
-            except Exception:  # pragma: no cover - a bug in a callback must not desync us
-                log.exception("aiodlock: a redlock reply handler failed")
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
-
-    def _fail(self, error: BaseException) -> None:
-        if self.broken is None:
-            self.broken = error
-        waiting = list(self._waiting)
-        self._waiting.clear()
-        self._sent_at.clear()
-        for callback in waiting:
-            try:
-                callback(self.broken)
-            except Exception:  # pragma: no cover - see data_received
-                log.exception("aiodlock: a redlock reply handler failed")
-
-    def close(self, error: BaseException) -> None:
-        """Give up on the connection: every unanswered request gets ``error``."""
-        self._fail(error)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
-        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order."""
-        if self.broken is not None:
-            for callback in callbacks:
-                callback(self.broken)
-            return
-        now = monotonic()
-        for callback in callbacks:
-            self._waiting.append(callback)
-            self._sent_at.append(now)
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def oldest(self) -> float | None:
-        """When the oldest unanswered request was sent."""
-        return self._sent_at[0] if self._sent_at else None
-
-
-class _Link:
-    """ONE pipelined connection to one node, made (again) on demand.
-
-    Requests made while the connection is being made are sent, in order, once it is ready;
-    a connection whose oldest request has waited longer than ``op_timeout`` is dropped (the
-    server is gone or stopped) and the next request makes a new one.
-    """
-
-    def __init__(self, backend: RedlockBackend, node: _Node, host: str, port: int) -> None:
-        self._backend = backend
-        self._node = node
-        self._host = host
-        self._port = port
-        self._pipe: _Pipe | None = None
-        self._connecting: asyncio.Task[_Pipe] | None = None
-        self.closed = False
-        #: Connections made so far (for tests and the curious).
-        self.connections = 0
-
-    def _usable(self) -> _Pipe | None:
-        pipe = self._pipe
-        if pipe is None:
-            return None
-        if pipe.broken is None and pipe.transport is not None and not pipe.transport.is_closing():
-            oldest = pipe.oldest()
-            limit = self._backend.config.op_timeout
-            if oldest is None or monotonic() - oldest <= limit:
-                return pipe
-            pipe.close(BackendTimeout(f"{self._node.label}: no answer within {limit:g} s"))
-        self._pipe = None
-        return None
-
-    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
-        if self.closed:
-            error = NodeConnectionError("the backend is closed")
-            for callback in callbacks:
-                callback(error)
-            return
-        pipe = self._usable()
-        if pipe is not None:
-            pipe.send(data, callbacks)
-            return
-        task = self._connecting
-        if task is None:
-            task = self._connecting = asyncio.get_running_loop().create_task(
-                self._connect(), name=f"aiodlock:{self._node.label}:connect"
-            )
-            # NOTE: registered first, so the new pipe is in place before the requests that
-            # waited for it are sent (in the order they came).
-            task.add_done_callback(self._connected)
-
-        def send_when_ready(task: asyncio.Task[_Pipe]) -> None:
-            if task.cancelled():
-                error: BaseException = NodeConnectionError("the connection attempt was cancelled")
-            elif (exc := task.exception()) is not None:
-                error = exc
-            else:
-                task.result().send(data, callbacks)
-                return
-            for callback in callbacks:
-                callback(error)
-
-        task.add_done_callback(send_when_ready)
-
-    def _connected(self, task: asyncio.Task[_Pipe]) -> None:
-        if self._connecting is task:
-            self._connecting = None
-        if not task.cancelled() and task.exception() is None:
-            self._pipe = task.result()
-
-    async def _connect(self) -> _Pipe:
-        backend = self._backend
-        loop = asyncio.get_running_loop()
-        pipe: _Pipe | None = None
-        try:
-            async with asyncio.timeout(backend.config.connect_timeout):
-                _, pipe = await loop.create_connection(_Pipe, self._host, self._port)
-                await self._handshake(pipe)
-        except BaseException as exc:
-            if pipe is not None:
-                pipe.close(NodeConnectionError("the connection attempt failed"))
-            if isinstance(exc, TimeoutError):
-                raise NodeConnectionError(
-                    f"no connection within {backend.config.connect_timeout:g} s"
-                ) from exc
-            raise
-        self.connections += 1
-        return pipe
-
-    async def _handshake(self, pipe: _Pipe) -> None:
-        """AUTH, SELECT, load the scripts, and the rejoin check: one round trip."""
-        s = self._backend.settings
-        commands: list[bytes] = []
-        if s.password is not None:
-            auth = (s.username, s.password) if s.username else (s.password,)
-            commands.append(pack(b"AUTH", *auth))
-        if s.db:
-            commands.append(pack(b"SELECT", s.db))
-        commands += [pack(b"SCRIPT", b"LOAD", script.source) for script in _SCRIPTS]
-        rejoin = s.rejoin_delay > 0
-        if rejoin:
-            marker = self._backend.marker
-            commands.append(pack(b"EVAL", REJOIN.source, 1, marker, _ms(s.rejoin_delay)))
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
-        pipe.send(b"".join(commands), [_resolver(f) for f in futures])
-        replies = [await f for f in futures]
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                text = str(reply)
-                if text.startswith(("WRONGPASS", "NOAUTH")) or "AUTH" in text:
-                    raise ReplyError(
-                        f"authentication failed, check the username and password: {text}"
-                    )
-                raise reply
-        if rejoin:
-            left = replies[-1] if isinstance(replies[-1], int) else 0
-            self._node.counts_after = monotonic() + max(0, left) / 1000
-            if left > 0:
-                log.warning(
-                    "aiodlock: %s has lost its data (restarted without persistence?); its "
-                    "votes count again in %.1f s (rejoin_delay)",
-                    self._node.label,
-                    left / 1000,
-                )
-
-    def eval(self, call: _Call, deliver: OnReply) -> None:
-        """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
-        self.send(call.data, [self._on_eval(call, deliver)])
-
-    def eval_many(self, calls: Sequence[_Call], deliver: OnReply) -> None:
-        """Run scripts in one write; ``deliver`` gets the list of replies (or the first
-        failure)."""
-        if not calls:
-            deliver([])
-            return
-        replies: list[Any] = [None] * len(calls)
-        left = [len(calls)]
-
-        def collector(index: int) -> OnReply:
-            def collect(reply: Any) -> None:
-                replies[index] = reply
-                left[0] -= 1
-                if not left[0]:
-                    failed = [r for r in replies if isinstance(r, BaseException)]
-                    deliver(failed[0] if failed else replies)
-
-            return collect
-
-        callbacks = [self._on_eval(call, collector(i)) for i, call in enumerate(calls)]
-        self.send(b"".join(call.data for call in calls), callbacks)
-
-    def _on_eval(self, call: _Call, deliver: OnReply) -> OnReply:
-        def on_reply(reply: Any) -> None:
-            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                # NOTE: NOSCRIPT means it did not run: send it again with its source (only
-                # after a SCRIPT FLUSH: every connection loads the scripts first).
-                self.send(call.with_source(), [deliver])
-                return
-            deliver(reply)
-
-        return on_reply
-
-    def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
-        self.send(pack(*args), [deliver])
-
-    def close(self) -> None:
-        self.closed = True
-        task, self._connecting = self._connecting, None
-        if task is not None:
-            task.cancel()
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            pipe.close(NodeConnectionError("the backend was closed"))
-
-
-def _settle(future: asyncio.Future[Any], reply: Any) -> None:
-    if not future.done():
-        future.set_result(reply)
-
-
-def _resolver(future: asyncio.Future[Any]) -> OnReply:
-    return lambda reply: _settle(future, reply)
-
-
-# --------------------------------------------------------------------------------------------
 # one node
 # --------------------------------------------------------------------------------------------
 
@@ -477,7 +153,7 @@ class _Node:
         self.label = f"redlock node {address}"
         #: Monotonic time from which this node's votes count (``rejoin_delay``).
         self.counts_after = -math.inf
-        self.link: _Link
+        self.link: Link
         self.pool: aioredis.ConnectionPool
         self.hub: PubSubHub
 
@@ -487,7 +163,7 @@ class _Node:
     @contextlib.contextmanager
     def translate(self, what: str) -> Iterator[None]:
         """The one place where this node's failures become aiodlock's exceptions."""
-        with translating(self.label, _ERRORS, what=what, secrets=self.secrets):
+        with translating(self.label, WIRE_ERRORS, what=what, secrets=self.secrets):
             yield
 
     def error(self, exc: BaseException, what: str) -> BackendError:
@@ -736,7 +412,18 @@ class RedlockBackend(Backend):
         s = self.settings
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         node = _Node(index, address, self.secrets)
-        node.link = _Link(self, node, host, port)
+        node.link = Link(
+            node.label,
+            Address(host, port),
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            username=s.username,
+            password=s.password,
+            db=s.db,
+            scripts=_SCRIPTS,
+            extra=self._rejoin_check if s.rejoin_delay > 0 else None,
+            on_extra=functools.partial(self._rejoined, node),
+        )
         # redis-py makes the pub/sub connections (PubSubHub speaks through them).
         node.pool = aioredis.ConnectionPool(
             host=host,
@@ -770,6 +457,24 @@ class RedlockBackend(Backend):
             secrets=self.secrets,
         )
         return node
+
+    def _rejoin_check(self) -> list[bytes]:
+        """The handshake's extra command with ``rejoin_delay``: the REJOIN script."""
+        return [pack(b"EVAL", REJOIN.source, 1, self.marker, _ms(self.settings.rejoin_delay))]
+
+    def _rejoined(self, node: _Node, replies: list[Any]) -> None:
+        """The REJOIN script's answer: from when ``node``'s votes count."""
+        if not replies:
+            return
+        left = replies[-1] if isinstance(replies[-1], int) else 0
+        node.counts_after = monotonic() + max(0, left) / 1000
+        if left > 0:
+            log.warning(
+                "aiodlock: %s has lost its data (restarted without persistence?); its "
+                "votes count again in %.1f s (rejoin_delay)",
+                node.label,
+                left / 1000,
+            )
 
     async def open(self, on_lost: LostCallback) -> None:
         self._nodes = [
@@ -825,16 +530,43 @@ class RedlockBackend(Backend):
         A node that has not answered by then gets a :class:`BackendTimeout` (its reply is
         read and dropped when it comes).
         """
+        gather = self._start_fan_out(nodes, request, decided=decided, vote=vote)
+        return await self._finish_fan_out(
+            gather, nodes, what=what, timeout=timeout, patience=patience
+        )
+
+    def _start_fan_out(
+        self,
+        nodes: Sequence[_Node],
+        request: Callable[[_Node, OnReply], None],
+        *,
+        decided: Callable[[list[Any]], bool] | None = None,
+        vote: Vote | None = None,
+    ) -> _Gather:
+        """The sending half of :meth:`_fan_out` (nothing awaited)."""
         gather = _Gather(len(nodes), vote, self.quorum if vote is not None else 0)
+        gather.decidable = decided is not None or vote is not None
         if decided is not None:
             check = decided
             replies = gather.replies
             gather.check = lambda: check(replies)
         for index, node in enumerate(nodes):
             request(node, functools.partial(gather.deliver, index))
+        return gather
+
+    async def _finish_fan_out(
+        self,
+        gather: _Gather,
+        nodes: Sequence[_Node],
+        *,
+        what: str,
+        timeout: float,
+        patience: float | None = None,
+    ) -> list[Outcome]:
+        """The waiting half of :meth:`_fan_out`."""
         if gather.left:
             started = asyncio.get_running_loop().time()
-            if patience is None or patience >= timeout or (decided is None and vote is None):
+            if patience is None or patience >= timeout or not gather.decidable:
                 await gather.until(started + timeout, armed=False)
             else:
                 if patience > 0:
@@ -964,7 +696,7 @@ class RedlockBackend(Backend):
         owner = request.owner
         ttl = request.ttl
         timeout = self.node_timeout(ttl)
-        call = _Call(ACQUIRE, (keys.lock, keys.counter), (owner, _ms(ttl)))
+        call = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, _ms(ttl)))
 
         def vote(index: int, reply: Any) -> bool:
             # NOTE: a majority of yes is enough: the other nodes' answers still come (in
@@ -1052,7 +784,7 @@ class RedlockBackend(Backend):
         """
         nodes = self.nodes
         lagging = [nodes[i] for i, t in tokens.items() if t < token]
-        call = _Call(RAISE_COUNTER, (keys.counter,), (token,))
+        call = ScriptCall(RAISE_COUNTER, (keys.counter,), (token,))
         outcomes = await self._fan_out(
             lagging,
             lambda node, deliver: node.link.eval(call, deliver),
@@ -1068,7 +800,7 @@ class RedlockBackend(Backend):
 
     async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[_Node]) -> list[Outcome]:
         """Remove ``owner``'s keys from ``nodes``, all at once."""
-        call = _Call(
+        call = ScriptCall(
             ABANDON,
             (keys.lock, keys.queue, keys.deadlines),
             (owner, keys.channel, keys.waiter_prefix),
@@ -1163,15 +895,15 @@ class RedlockBackend(Backend):
         quorum = self.quorum
         n = len(nodes)
 
-        made: dict[tuple[int, str], _Call] = {}
+        made: dict[tuple[int, str], ScriptCall] = {}
 
-        def calls(node: _Node) -> list[_Call]:
+        def calls(node: _Node) -> list[ScriptCall]:
             out = []
             for i, (g, d) in enumerate(zip(grants, data, strict=True)):
                 token = d.tokens.get(node.index, "")
                 call = made.get((i, token))
                 if call is None:
-                    call = made[(i, token)] = _Call(
+                    call = made[(i, token)] = ScriptCall(
                         RENEW, (d.keys.lock,), (g.owner, token, lease_ms)
                     )
                 out.append(call)
@@ -1230,31 +962,42 @@ class RedlockBackend(Backend):
         return results
 
     async def release(self, grant: Grant) -> bool:
-        d = _data(grant)
-        nodes = self.nodes
+        return await self.start_release(grant)
+
+    def start_release(self, grant: Grant) -> Awaitable[bool]:
+        # The requests leave at once (pipelined links); the core's bookkeeping then runs
+        # while the nodes work.
+        if not self._nodes or not isinstance(grant.data, _GrantData):
+            return self._release_failed(grant)
+        d = grant.data
         owner = grant.owner
-        quorum = self.quorum
-        n = len(nodes)
         k = (d.keys.lock, d.keys.queue, d.keys.deadlines)
-        made: dict[str, _Call] = {}
+        made: dict[str, ScriptCall] = {}
 
         def call(node: _Node, deliver: OnReply) -> None:
             token = d.tokens.get(node.index, "")
             c = made.get(token)
             if c is None:
-                c = made[token] = _Call(
+                c = made[token] = ScriptCall(
                     RELEASE, k, (owner, token, d.keys.channel, d.keys.waiter_prefix)
                 )
             node.link.eval(c, deliver)
 
+        gather = self._start_fan_out(self._nodes, call, vote=_released)
+        return self._finish_release(grant, d, gather)
+
+    async def _release_failed(self, grant: Grant) -> bool:
+        _data(grant)  # TypeError for a grant of another backend
+        raise BackendError("redlock: the backend is not open")
+
+    async def _finish_release(self, grant: Grant, d: _GrantData, gather: _Gather) -> bool:
+        nodes = self.nodes
+        owner = grant.owner
+        quorum = self.quorum
+        n = len(nodes)
         try:
-            outcomes = await self._fan_out(
-                nodes,
-                call,
-                what="release",
-                timeout=self.config.op_timeout,
-                patience=0.0,
-                vote=_released,
+            outcomes = await self._finish_fan_out(
+                gather, nodes, what="release", timeout=self.config.op_timeout, patience=0.0
             )
         finally:
             self._forget_holder(d.channel_key, owner)
@@ -1293,7 +1036,7 @@ class RedlockBackend(Backend):
     async def status(self, name: str) -> LockStatus | None:
         keys = self.keys_for(name)
         nodes = self.nodes
-        call = _Call(STATUS, (keys.lock, keys.deadlines), ())
+        call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
         outcomes = await self._fan_out(
             nodes,
             lambda node, deliver: node.link.eval(call, deliver),
@@ -1325,7 +1068,7 @@ class RedlockBackend(Backend):
     async def force_release(self, name: str) -> bool:
         keys = self.keys_for(name)
         nodes = self.nodes
-        call = _Call(
+        call = ScriptCall(
             FORCE_RELEASE,
             (keys.lock, keys.queue, keys.deadlines),
             (keys.channel, keys.waiter_prefix),
@@ -1363,6 +1106,7 @@ class _Gather:
     __slots__ = (
         "armed",
         "check",
+        "decidable",
         "left",
         "need",
         "no",
@@ -1384,6 +1128,7 @@ class _Gather:
         self.yes = 0
         self.no = 0
         self.armed = False
+        self.decidable = False
 
     def deliver(self, index: int, reply: Any) -> None:
         if self.replies[index] is not _NO_ANSWER:

@@ -1,0 +1,470 @@
+"""One pipelined connection to one Redis server, shared by ``redis`` and ``redlock``.
+
+A :class:`Link` is ONE TCP (or Unix socket) connection, spoken to through an asyncio
+:class:`Pipe` protocol with the hiredis reader: requests are written in order and their
+replies handed to callbacks in the same order.  That is the cheapest way to talk to Redis
+from asyncio (no stream reader, no per-command bookkeeping, one write per request, one
+future per caller), and it keeps every request to a server in the order it was made: an
+attempt's clean-up can never overtake the attempt.
+
+A request that is not answered in time is not cancelled on the wire: its reply is read and
+dropped when it comes.  A connection whose oldest request has waited longer than
+``op_timeout`` is dropped (the server is gone or stopped) and the next request makes a new
+one, with the same handshake (AUTH, CLIENT SETNAME, SELECT, SCRIPT LOAD, plus whatever the
+owner adds).
+
+Replies are what hiredis decodes (bytes, ints, lists); an error reply is a
+:class:`ReplyError` value and a broken connection a :class:`NodeConnectionError` value,
+never raised: callbacks receive them like any other reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import hiredis
+
+from .._errors import BackendTimeout
+from ._base import monotonic
+from ._redis_scripts import Script
+
+__all__ = [
+    "WIRE_ERRORS",
+    "Address",
+    "EvalPacker",
+    "Link",
+    "NodeConnectionError",
+    "OnReply",
+    "Pipe",
+    "ReplyError",
+    "ScriptCall",
+    "pack",
+    "resolver",
+]
+
+log = logging.getLogger("aiodlock")
+
+
+class ReplyError(Exception):
+    """An error reply of a Redis server (``-ERR ...``, ``-NOSCRIPT ...``)."""
+
+
+class NodeConnectionError(ConnectionError):
+    """The connection to a server broke (or could not be made)."""
+
+
+#: What a failed request may leave in a callback (besides :class:`BackendTimeout`).
+WIRE_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
+
+#: What a request's callback receives: the decoded reply or one of the errors above.
+OnReply = Callable[[Any], None]
+
+Arg = bytes | str | int
+
+
+def _bulk(arg: Arg) -> bytes:
+    data: bytes
+    if type(arg) is bytes:
+        data = arg
+    elif isinstance(arg, str):
+        data = arg.encode("utf-8", "surrogatepass")
+    elif isinstance(arg, bytes):
+        data = bytes(arg)
+    else:
+        data = b"%d" % arg
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def pack(*args: Arg) -> bytes:
+    """One command in the Redis protocol (RESP)."""
+    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+
+
+class EvalPacker:
+    """Packs ``EVALSHA sha numkeys keys... args...`` commands, keeping the part before the
+    args of recent (script, keys) pairs: a lock's acquire and release repeat it."""
+
+    __slots__ = ("_heads", "_limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._heads: dict[tuple[str, int, tuple[bytes, ...]], bytes] = {}
+        self._limit = limit
+
+    def __call__(self, script: Script, keys: tuple[bytes, ...], args: Sequence[Arg]) -> bytes:
+        key = (script.sha, len(args), keys)
+        head = self._heads.get(key)
+        if head is None:
+            if len(self._heads) >= self._limit:
+                self._heads.clear()
+            start: list[Arg] = [b"EVALSHA", script.sha, len(keys), *keys]
+            head = b"*%d\r\n" % (len(start) + len(args)) + b"".join([_bulk(a) for a in start])
+            self._heads[key] = head
+        return head + b"".join([_bulk(arg) for arg in args])
+
+
+#: For :class:`ScriptCall` (a lock's calls repeat their script and keys).
+_PACK_EVAL: Final = EvalPacker()
+
+
+class ScriptCall:
+    """One run of a script, packed once however many servers it is sent to."""
+
+    __slots__ = ("_data", "args", "keys", "script")
+
+    def __init__(self, script: Script, keys: Sequence[bytes], args: Sequence[Arg]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        """``EVALSHA sha numkeys keys... args...``"""
+        if self._data is None:
+            self._data = _PACK_EVAL(self.script, tuple(self.keys), self.args)
+        return self._data
+
+    def with_source(self) -> bytes:
+        """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
+        return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
+
+
+def _settle(future: asyncio.Future[Any], reply: Any) -> None:
+    if not future.done():
+        future.set_result(reply)
+
+
+def resolver(future: asyncio.Future[Any]) -> OnReply:
+    """A callback that sets ``future``'s result to the reply (unless it is done)."""
+    return lambda reply: _settle(future, reply)
+
+
+class Pipe(asyncio.Protocol):
+    """The protocol side of one connection: replies are handed to callbacks in order.
+
+    With an ``op_timeout``, ONE timer per connection watches the oldest unanswered request:
+    when it has waited that long, the connection is given up and every request on it gets
+    a :class:`~aiodlock.BackendTimeout` (so no caller needs a timer of its own).
+    """
+
+    def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
+        self.label = label
+        self.op_timeout = op_timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+        self._reader = hiredis.Reader(replyError=ReplyError)
+        self._waiting: collections.deque[OnReply] = collections.deque()
+        self._sent_at: collections.deque[float] = collections.deque()
+        #: Why the connection is unusable, once it is.
+        self.broken: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self._waiting
+        while waiting:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.close(NodeConnectionError(f"protocol error: {exc}"))
+                return
+            if reply is False:
+                return
+            self._sent_at.popleft()
+            callback = waiting.popleft()
+            try:
+                callback(reply)
+            except Exception:  # pragma: no cover - a bug in a callback must not desync us
+                log.exception("aiodlock: a redis reply handler failed")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
+
+    def _check(self) -> None:
+        """The timer: give up when the oldest request waited ``op_timeout``."""
+        self._timer = None
+        oldest = self.oldest()
+        if oldest is None or self.broken is not None or self.op_timeout is None:
+            return
+        due = oldest + self.op_timeout
+        if monotonic() >= due:
+            self.close(BackendTimeout(f"{self.label}: no answer within {self.op_timeout:g} s"))
+            return
+        self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + max(0.0, due - monotonic()), self._check)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.broken is None:
+            self.broken = error
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        self._sent_at.clear()
+        for callback in waiting:
+            try:
+                callback(self.broken)
+            except Exception:  # pragma: no cover - see data_received
+                log.exception("aiodlock: a redis reply handler failed")
+
+    def close(self, error: BaseException) -> None:
+        """Give up on the connection: every unanswered request gets ``error``."""
+        self._fail(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
+        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order."""
+        if self.broken is not None:
+            for callback in callbacks:
+                callback(self.broken)
+            return
+        now = monotonic()
+        for callback in callbacks:
+            self._waiting.append(callback)
+            self._sent_at.append(now)
+        if self._timer is None and self.op_timeout is not None:
+            self._arm(now + self.op_timeout)
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def oldest(self) -> float | None:
+        """When the oldest unanswered request was sent."""
+        return self._sent_at[0] if self._sent_at else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Address:
+    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``."""
+
+    host: str = "localhost"
+    port: int = 6379
+    path: str | None = None
+
+
+class Link:
+    """ONE pipelined connection to one server, made (again) on demand.
+
+    Requests made while the connection is being made are sent, in order, once it is ready;
+    a connection whose oldest request has waited ``op_timeout`` is dropped (by its pipe's
+    timer, failing every request on it with :class:`~aiodlock.BackendTimeout`) and the next
+    request makes a new one.
+
+    ``extra()`` may add packed commands to the handshake; ``on_extra(replies)`` then gets
+    their replies (an error reply among them fails the connection attempt).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        address: Address,
+        *,
+        connect_timeout: float,
+        op_timeout: float,
+        username: str | None = None,
+        password: str | None = None,
+        db: int = 0,
+        client_name: str | None = None,
+        scripts: Sequence[Script] = (),
+        extra: Callable[[], list[bytes]] | None = None,
+        on_extra: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        self.label = label
+        self.address = address
+        self.connect_timeout = connect_timeout
+        self.op_timeout = op_timeout
+        self._username = username
+        self._password = password
+        self._db = db
+        self._client_name = client_name
+        self._scripts = tuple(scripts)
+        self._extra = extra
+        self._on_extra = on_extra
+        self._pipe: Pipe | None = None
+        self._connecting: asyncio.Task[Pipe] | None = None
+        self.closed = False
+        #: Connections made so far (for tests and the curious).
+        self.connections = 0
+
+    def __repr__(self) -> str:
+        return f"<Link {self.label}>"
+
+    def _usable(self) -> Pipe | None:
+        # NOTE: a connection whose oldest request waited op_timeout is closed by the pipe's
+        # own timer, so being open is enough.
+        pipe = self._pipe
+        if pipe is None:
+            return None
+        if pipe.broken is None and pipe.transport is not None and not pipe.transport.is_closing():
+            return pipe
+        self._pipe = None
+        return None
+
+    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
+        """Write ``data``; ``callbacks`` get the replies (or the failure) in order."""
+        if self.closed:
+            error = NodeConnectionError("the connection is closed")
+            for callback in callbacks:
+                callback(error)
+            return
+        pipe = self._usable()
+        if pipe is not None:
+            pipe.send(data, callbacks)
+            return
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"aiodlock:{self.label}:connect"
+            )
+            # NOTE: registered first, so the new pipe is in place before the requests that
+            # waited for it are sent (in the order they came).
+            task.add_done_callback(self._connected)
+
+        def send_when_ready(task: asyncio.Task[Pipe]) -> None:
+            if task.cancelled():
+                error: BaseException = NodeConnectionError("the connection attempt was cancelled")
+            elif (exc := task.exception()) is not None:
+                error = exc
+            else:
+                task.result().send(data, callbacks)
+                return
+            for callback in callbacks:
+                callback(error)
+
+        task.add_done_callback(send_when_ready)
+
+    def call(self, data: bytes) -> asyncio.Future[Any]:
+        """Send one packed command; the future gets its reply (or failure) as its result."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.send(data, (resolver(future),))
+        return future
+
+    def _connected(self, task: asyncio.Task[Pipe]) -> None:
+        if self._connecting is task:
+            self._connecting = None
+        if not task.cancelled() and task.exception() is None:
+            self._pipe = task.result()
+
+    async def _connect(self) -> Pipe:
+        loop = asyncio.get_running_loop()
+        address = self.address
+        pipe: Pipe | None = None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                label, limit = self.label, self.op_timeout
+                if address.path is not None:
+                    _, pipe = await loop.create_unix_connection(
+                        lambda: Pipe(label, limit), address.path
+                    )
+                else:
+                    _, pipe = await loop.create_connection(
+                        lambda: Pipe(label, limit), address.host, address.port
+                    )
+                await self._handshake(pipe)
+        except BaseException as exc:
+            if pipe is not None:
+                pipe.close(NodeConnectionError("the connection attempt failed"))
+            if isinstance(exc, TimeoutError):
+                raise NodeConnectionError(
+                    f"no connection within {self.connect_timeout:g} s"
+                ) from exc
+            raise
+        self.connections += 1
+        return pipe
+
+    async def _handshake(self, pipe: Pipe) -> None:
+        """AUTH, CLIENT SETNAME, SELECT, load the scripts, the extras: one round trip."""
+        commands: list[bytes] = []
+        if self._password is not None:
+            auth = (self._username, self._password) if self._username else (self._password,)
+            commands.append(pack(b"AUTH", *auth))
+        if self._client_name:
+            commands.append(pack(b"CLIENT", b"SETNAME", self._client_name))
+        if self._db:
+            commands.append(pack(b"SELECT", self._db))
+        commands += [pack(b"SCRIPT", b"LOAD", script.source) for script in self._scripts]
+        own = len(commands)
+        if self._extra is not None:
+            commands += self._extra()
+        if not commands:
+            return
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in commands]
+        pipe.send(b"".join(commands), [resolver(f) for f in futures])
+        replies = [await f for f in futures]
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                text = str(reply)
+                if text.startswith(("WRONGPASS", "NOAUTH")) or "AUTH" in text:
+                    raise ReplyError(
+                        f"authentication failed, check the username and password: {text}"
+                    )
+                raise reply
+        if self._on_extra is not None:
+            self._on_extra(replies[own:])
+
+    def eval(self, call: ScriptCall, deliver: OnReply) -> None:
+        """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
+        self.send(call.data, [self._on_eval(call, deliver)])
+
+    def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
+        """Run scripts in one write; ``deliver`` gets the list of replies (or the first
+        failure)."""
+        if not calls:
+            deliver([])
+            return
+        replies: list[Any] = [None] * len(calls)
+        left = [len(calls)]
+
+        def collector(index: int) -> OnReply:
+            def collect(reply: Any) -> None:
+                replies[index] = reply
+                left[0] -= 1
+                if not left[0]:
+                    failed = [r for r in replies if isinstance(r, BaseException)]
+                    deliver(failed[0] if failed else replies)
+
+            return collect
+
+        callbacks = [self._on_eval(call, collector(i)) for i, call in enumerate(calls)]
+        self.send(b"".join(call.data for call in calls), callbacks)
+
+    def _on_eval(self, call: ScriptCall, deliver: OnReply) -> OnReply:
+        def on_reply(reply: Any) -> None:
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                # NOTE: NOSCRIPT means it did not run: send it again with its source (only
+                # after a SCRIPT FLUSH: every connection loads the scripts first).
+                self.send(call.with_source(), [deliver])
+                return
+            deliver(reply)
+
+        return on_reply
+
+    def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
+        self.send(pack(*args), [deliver])
+
+    def drop(self, error: BaseException) -> None:
+        """Close the current connection (the next request makes a new one)."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close(error)
+
+    def close(self) -> None:
+        self.closed = True
+        task, self._connecting = self._connecting, None
+        if task is not None:
+            task.cancel()
+        self.drop(NodeConnectionError("the connection was closed"))

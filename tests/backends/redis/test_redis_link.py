@@ -1,0 +1,146 @@
+"""The pipelined command connection of a plain Redis server (``_redis_wire.Link``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+
+import aiodlock
+from aiodlock.backends._redis_scripts import RELEASE, LockKeys
+from aiodlock.backends._redis_wire import EvalPacker, ScriptCall, pack
+
+from .redis_helpers import HANG, ClientFactory, backend_of
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (b"SET", b"k", b"v"),
+        ("SET", "ünïcödé 🔒", "\ud800"),
+        (b"EVALSHA", "abc", 2, b"k1", b"k2", 0, -17, 2**63 - 1),
+        (b"PING",),
+        (b"SET", b"", b"\x00\r\n"),
+    ],
+)
+def test_pack_is_the_redis_protocol(args: tuple[Any, ...]) -> None:
+    reference = Connection()
+    # (redis-py encodes str as UTF-8 "strict": compare lone surrogates as we send them)
+    encoded = [
+        a.encode("utf-8", "surrogatepass") if isinstance(a, str) and "\ud800" in a else a
+        for a in args
+    ]
+    assert pack(*args) == b"".join(reference.pack_command(*encoded))
+
+
+def test_the_eval_packer_reuses_heads_and_stays_exact() -> None:
+    packer = EvalPacker(limit=2)
+    keys = LockKeys("ns", "orders:42")
+    k = (keys.lock, keys.queue, keys.deadlines)
+    for token in ("1", "2", ""):
+        a = ("owner:1", token, keys.channel, keys.waiter_prefix)
+        assert packer(RELEASE, k, a) == pack(b"EVALSHA", RELEASE.sha, 3, *k, *a)
+        assert ScriptCall(RELEASE, k, a).data == pack(b"EVALSHA", RELEASE.sha, 3, *k, *a)
+    for i in range(5):  # more (script, keys) pairs than the limit: still exact
+        other = (b"x%d" % i,)
+        assert packer(RELEASE, other, ("o",)) == pack(b"EVALSHA", RELEASE.sha, 1, *other, "o")
+
+
+def test_the_link_is_used_only_where_nothing_needs_redis_py() -> None:
+    def link_of(url: str, **options: Any) -> bool:
+        return backend_of(aiodlock.connect(url, **options))._build_link() is not None
+
+    assert link_of("redis://127.0.0.1:6390/0")
+    assert link_of("unix:///tmp/some.sock")
+    assert not link_of("rediss://127.0.0.1:6390/0")  # redis-py builds the TLS context
+    assert not link_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT blocks a connection
+    assert not link_of("redis+sentinel://127.0.0.1:26379/mymaster")
+    assert not link_of("redis+cluster://127.0.0.1:7000")
+    mine = aioredis.Redis()
+    assert not link_of("redis://", client=mine)
+
+
+async def test_many_tasks_share_one_connection(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str
+) -> None:
+    client = await make_client(client_name=f"{namespace}-link")
+    link = backend_of(client).node.link
+    assert link is not None
+
+    async def cycle(i: int) -> None:
+        for _ in range(5):
+            async with client.lock(f"n{i}"):
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(cycle(i) for i in range(64)))
+    assert link.connections == 1
+    listed = (await raw.execute_command("CLIENT", "LIST")).decode()
+    named = [line for line in listed.splitlines() if f"name={namespace}-link" in line]
+    assert len(named) == 1, named  # the link; no pub/sub connection was needed
+
+
+async def test_the_release_is_on_the_wire_before_the_bookkeeping(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client()
+    node = backend_of(client).node
+    seen: list[tuple[int, int]] = []
+
+    class Watch(aiodlock.Observer):
+        def on_released(self, lease: aiodlock.Lease, held: float) -> None:
+            seen.append((before, node.round_trips))
+
+    client.add_observer(Watch())
+    lock = client.lock("early")
+    await lock.acquire()
+    before = node.round_trips
+    await lock.release()
+    assert seen == [(before, before + 1)]  # sent, then the observers ran
+    assert await lock.try_acquire() is not None  # and it was released
+    await lock.release()
+
+
+async def test_an_error_reply_is_a_backend_error_and_the_link_goes_on(
+    make_client: ClientFactory, raw: aioredis.Redis, namespace: str
+) -> None:
+    client = await make_client()
+    await raw.set(f"{namespace}:{{wrongtype}}", "a string, not a hash")
+    with pytest.raises(aiodlock.BackendError) as info:
+        await client.lock("wrongtype").acquire(timeout=1)
+    assert "WRONGTYPE" in str(info.value)
+    async with client.lock("fine") as lease:
+        assert lease.token >= 1
+    link = backend_of(client).node.link
+    assert link is not None
+    assert link.connections == 1
+
+
+async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
+    redis_factory: Any, make_client: ClientFactory
+) -> None:
+    server = redis_factory()
+    client = await make_client(server.url, op_timeout=0.5)
+    link = backend_of(client).node.link
+    assert link is not None
+    async with client.lock("warm"):
+        pass
+    await asyncio.to_thread(server.pause)
+    try:
+        started = time.monotonic()
+        calls = [client.lock(f"stalled{i}").acquire(timeout=HANG) for i in range(10)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), HANG)
+        took = time.monotonic() - started
+        assert all(isinstance(r, aiodlock.BackendError) for r in results), results
+        assert any(isinstance(r, aiodlock.BackendTimeout) for r in results), results
+        assert took < 0.5 + 2.0  # about op_timeout, not connect or lock timeouts
+    finally:
+        await asyncio.to_thread(server.resume)
+    async with client.lock("after", timeout=HANG) as lease:  # a new connection, same client
+        assert lease.token >= 1
+    assert link.connections == 2
