@@ -227,6 +227,30 @@ class _Hold:
         await self.lost_event.wait()
 
 
+class _Ended:
+    """What a :class:`Lease` reads once its holding is over: a copy of the final state.
+
+    The live hold and its lease refer to each other; replacing the lease's side by this copy
+    when the holding ends breaks that cycle, so a finished lock cycle is freed by reference
+    counting and leaves nothing for the cyclic garbage collector (whose full collections
+    stall the event loop).
+    """
+
+    __slots__ = ("expires_at", "lost", "lost_reason")
+
+    released = True
+
+    def __init__(self, hold: _Hold) -> None:
+        self.lost = hold.lost
+        self.lost_reason = hold.lost_reason
+        self.expires_at = hold.expires_at
+
+    async def wait_lost(self) -> None:
+        if self.lost:
+            return
+        await asyncio.get_running_loop().create_future()  # a kept lease is never lost
+
+
 class BodyEntry:
     """One ``async with`` level around a body: the task to cancel when the lease is lost."""
 
@@ -615,6 +639,15 @@ class Client:
             hold.server_released = True
             self._watchdog.untrack(hold)
             started = self._backend.release(hold.grant)
+        try:
+            await self._finish_server_release(hold, started, raise_errors)
+        finally:
+            if hold.released:
+                hold.lease._hold = _Ended(hold)  # the holding is over: break the cycle
+
+    async def _finish_server_release(
+        self, hold: _Hold, started: Awaitable[bool], raise_errors: bool
+    ) -> None:
         hold.generation += 1
         error: BaseException | None = None
         released = True
@@ -642,7 +675,11 @@ class Client:
                 raise error
             return
         if not released and not hold.lost:
-            self._mark_lost(hold, "the lease had already expired or been taken over at release")
+            self._mark_lost(
+                hold,
+                "the lease had already expired or been taken over at release",
+                at_release=True,
+            )
 
     async def extend(self, name: str, ttl: float | None) -> None:
         hold = self.current_hold(name)
@@ -674,9 +711,14 @@ class Client:
             if hold is not None and hold.grant is grant and hold.active:
                 self._mark_lost(hold, reason)
 
-    def _mark_lost(self, hold: _Hold, reason: str) -> None:
-        """Apply the lock's ``on_lost`` policy once."""
-        if hold.lost or hold.server_released:
+    def _mark_lost(self, hold: _Hold, reason: str, *, at_release: bool = False) -> None:
+        """Apply the lock's ``on_lost`` policy once.
+
+        ``at_release``: the release itself found the lease gone (expired, taken over or
+        force-released, and no renewal noticed it before): the holding was not protected
+        to its end, so it counts as lost although the server release has begun.
+        """
+        if hold.lost or (hold.server_released and not at_release):
             return
         hold.lost_reason = reason
         hold.lost = True

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._client import _Hold
+    from ._client import _Ended, _Hold
 
 __all__ = ["Lease", "LockStatus"]
 
@@ -42,7 +42,8 @@ class Lease:
     ttl: float | None
 
     def __init__(self, hold: _Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
-        self._hold = hold
+        #: The holding while it lasts; a copy of its final state once it is over.
+        self._hold: _Hold | _Ended = hold
         self.name = name
         self.owner = owner
         self.token = token

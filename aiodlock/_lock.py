@@ -10,12 +10,12 @@ import asyncio
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._client import BodyEntry, OnLost, check_name, check_on_lost, check_seconds
+from ._client import BodyEntry, OnLost, _Hold, check_name, check_on_lost, check_seconds
 from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
 from ._lease import Lease, LockStatus
 
 if TYPE_CHECKING:
-    from ._client import Client, _Hold
+    from ._client import Client
 
 __all__ = ["Lock"]
 
@@ -123,6 +123,7 @@ class Lock:
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
         hold = lease._hold
+        assert isinstance(hold, _Hold)  # (a fresh or reentrant holding is live)
         task = asyncio.current_task()
         assert task is not None
         entry = BodyEntry(task)
@@ -147,20 +148,37 @@ class Lock:
         if not entries:
             del self._entries[task]
         hold.entries.remove(entry)
+        absorbed = False
+        rethrow: asyncio.CancelledError | None = None
+        if entry.cancel_requested and not isinstance(exc, asyncio.CancelledError):
+            # The lease was lost and this level cancelled the body, but the body ended
+            # before the cancellation reached it: it is still pending and would hit the
+            # release below as a bare CancelledError.  Take it here.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                absorbed = True
         ours = False
         # NOTE: as asyncio.timeout does: the cancellation this level requested is ours only
         # if no other cancellation is pending on the task.
         if entry.cancel_requested and task.uncancel() == 0:
             ours = isinstance(exc, asyncio.CancelledError)
+        elif absorbed:
+            # Somebody else cancelled the task too: release, then let that cancellation on.
+            exc = rethrow = asyncio.CancelledError()
         foreign_cancel = isinstance(exc, asyncio.CancelledError) and not ours
         propagating = exc is not None and not ours
         if hold.released:  # released by hand inside the body
             if ours:
                 raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")
+            if rethrow is not None:
+                raise rethrow
             return
         try:
             await self._client.release_hold(hold)
         except LockLost as lost:
+            if rethrow is not None:
+                raise rethrow from None  # the foreign cancellation, taken above
             if foreign_cancel or isinstance(exc, LockLost):
                 return
             raise lost from (exc if propagating else None)
@@ -169,5 +187,7 @@ class Lock:
                 # The body's own exception matters more; the lease ends by itself.
                 return
             raise
+        if rethrow is not None:
+            raise rethrow  # the foreign cancellation, taken above
         if ours:  # pragma: no cover - release raises LockLost for a lost hold
             raise LockLost(f"lock {self.name!r} was lost while held: {hold.lost_reason}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -221,6 +222,56 @@ async def test_lost_lease_cancels_the_body_and_raises(make_client: ClientFactory
     # Nothing left behind: the lock is free for anyone.
     assert await admin.lock("victim").try_acquire() is not None
     await admin.lock("victim").release()
+
+
+async def test_lost_after_the_body_ended_is_lock_lost_not_a_bare_cancel(
+    make_client: ClientFactory,
+) -> None:
+    # The holder's own client breaks the lock as the last step of the body: the loss is
+    # known at once and the body's cancellation requested, but the body ends first.  The
+    # pending cancellation must not escape from the release as a CancelledError.
+    a = await make_client()
+
+    async def body() -> None:
+        async with a.lock("self-break"):
+            await a.force_release("self-break")
+
+    task = asyncio.create_task(body())
+    done, _ = await asyncio.wait([task], timeout=HANG)
+    assert task in done
+    assert not task.cancelled()
+    exc = task.exception()
+    assert exc is None or isinstance(exc, aiodlock.LockLost), repr(exc)
+
+    # The task goes on normally after the LockLost (nothing left pending on it).
+    async def after() -> str:
+        with contextlib.suppress(aiodlock.LockLost):
+            async with a.lock("self-break-2"):
+                await a.force_release("self-break-2")
+        await asyncio.sleep(0.01)
+        return "went on"
+
+    assert await asyncio.wait_for(after(), HANG) == "went on"
+    assert await a.lock("self-break").try_acquire() is not None
+    await a.lock("self-break").release()
+
+
+async def test_a_loss_found_by_the_release_is_lock_lost(make_client: ClientFactory) -> None:
+    # Another client breaks the lock while the body runs; the body ends before any
+    # renewal could notice: the release finds the lock gone and says so.
+    a = await make_client()
+    admin = await make_client()
+    with pytest.raises(aiodlock.LockLost):
+        async with a.lock("broken-under-me") as lease:
+            assert await admin.force_release("broken-under-me")
+    assert lease.lost
+    assert lease.released
+    lock = a.lock("broken-under-me", on_lost="ignore")
+    async with lock as lease2:  # "ignore": only the flag
+        assert await admin.force_release("broken-under-me")
+    assert lease2.lost
+    assert await admin.lock("broken-under-me").try_acquire() is not None
+    await admin.lock("broken-under-me").release()
 
 
 async def test_on_lost_ignore_and_callback(make_client: ClientFactory) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -68,6 +69,32 @@ async def test_nested_acquire_makes_no_round_trip() -> None:
                 async with lock as inner:
                     assert inner is outer
         assert backend.calls == {"acquire": 1, "release": 1}
+
+
+async def test_a_lock_cycle_leaves_no_cyclic_garbage(client: aiodlock.Client) -> None:
+    # A finished holding must be freed by reference counting: cyclic garbage per cycle
+    # makes the collector's full passes (which stall the loop) come sooner and last longer.
+    lock = client.lock("no-garbage")
+    for _ in range(20):  # warm up (caches, the watchdog)
+        async with lock:
+            pass
+    gc.collect()
+    gc.disable()
+    try:
+        # More cycles than the watchdog keeps stale heap entries for (it compacts).
+        for _ in range(3000):
+            async with lock as lease:
+                pass
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found < 100, found
+    # A finished lease still answers, from its copy of the final state.
+    assert lease.released
+    assert not lease.lost
+    assert lease.expires_in == 0.0
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(lease.wait_lost(), 0.05)
 
 
 async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:
