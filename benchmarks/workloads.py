@@ -15,8 +15,10 @@ waits of workers a barging lock starves.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import dataclasses
+import gc
 import itertools
 import statistics
 import time
@@ -96,12 +98,25 @@ class _Entry:
 
 @dataclasses.dataclass
 class _Room:
-    """The critical section every worker enters; counts overlaps."""
+    """The critical section every worker enters; counts overlaps.
+
+    Entries are recorded in flat arrays (no object per acquisition): see the note on the
+    garbage collector in :func:`contention`.
+    """
 
     inside: int = 0
     violations: int = 0
     stop: bool = False
-    entries: list[_Entry] = dataclasses.field(default_factory=list)
+    workers: array.array[int] = dataclasses.field(default_factory=lambda: array.array("i"))
+    times: array.array[float] = dataclasses.field(default_factory=lambda: array.array("d"))
+
+    def record(self, worker: int, requested: float, entered: float, left: float) -> None:
+        self.workers.append(worker)
+        self.times.extend((requested, entered, left))
+
+    def entries(self) -> list[_Entry]:
+        t = self.times
+        return [_Entry(w, t[3 * i], t[3 * i + 1], t[3 * i + 2]) for i, w in enumerate(self.workers)]
 
 
 async def contention(
@@ -128,6 +143,11 @@ async def contention(
     """
     room = _Room()
     waiting: dict[int, float] = {}
+    # NOTE: the runner's own heap (six libraries' modules, earlier results) is frozen for the
+    # run: otherwise a full collection of it (20-65 ms on the 2-CPU machine) stalls every
+    # waiter at once, and the stall shows up as lock waits of whichever adapter is running.
+    gc.collect()
+    gc.freeze()
 
     async def worker(index: int) -> None:
         lock = adapter.new_lock(name, fair=fair)
@@ -146,36 +166,39 @@ async def contention(
             room.inside -= 1
             left = perf()
             await adapter.release(lock)
-            room.entries.append(_Entry(index, requested, entered, left))
+            room.record(index, requested, entered, left)
             if think:
                 await asyncio.sleep(think)
 
-    start = perf()
-    begin = start + settle
-    end = begin + seconds
-    tasks = [asyncio.create_task(worker(i), name=f"bench-worker-{i}") for i in range(workers)]
-    await asyncio.sleep(settle + seconds)
-    room.stop = True
-    stopped = perf()
-    aborted = False
-    _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
-    censored: list[float] = []
-    if pending:
-        # Something never drained (a lock nobody releases): free it, then give up.
-        aborted = True
-        now = perf()
-        censored = [now - t for t in waiting.values() if t < end]
-        await adapter.abort(name)
-        _, pending = await asyncio.wait(pending, timeout=5.0)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    drained = perf() - stopped
+    try:
+        start = perf()
+        begin = start + settle
+        end = begin + seconds
+        tasks = [asyncio.create_task(worker(i), name=f"bench-worker-{i}") for i in range(workers)]
+        await asyncio.sleep(settle + seconds)
+        room.stop = True
+        stopped = perf()
+        aborted = False
+        _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+        censored: list[float] = []
+        if pending:
+            # Something never drained (a lock nobody releases): free it, then give up.
+            aborted = True
+            now = perf()
+            censored = [now - t for t in waiting.values() if t < end]
+            await adapter.abort(name)
+            _, pending = await asyncio.wait(pending, timeout=5.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        drained = perf() - stopped
+    finally:
+        gc.unfreeze()
     errors = [
         repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()
     ]
 
-    entries = sorted(room.entries, key=lambda e: e.entered)
+    entries = sorted(room.entries(), key=lambda e: e.entered)
     # Mutual exclusion, second check: the intervals [entered, left] must not overlap.
     overlaps = sum(1 for a, b in itertools.pairwise(entries) if b.entered < a.left)
     in_window = [e for e in entries if begin <= e.entered < end]
