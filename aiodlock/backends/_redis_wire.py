@@ -24,6 +24,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -248,11 +249,16 @@ class Pipe(asyncio.Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
-    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``."""
+    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``.
+
+    ``tls``: makes the SSL context of a TLS connection (called when connecting, so a missing
+    certificate file is a failure to connect like any other).
+    """
 
     host: str = "localhost"
     port: int = 6379
     path: str | None = None
+    tls: Callable[[], ssl.SSLContext] | None = dataclasses.field(default=None, repr=False)
 
 
 class Link:
@@ -368,6 +374,14 @@ class Link:
                 if address.path is not None:
                     _, pipe = await loop.create_unix_connection(
                         lambda: Pipe(label, limit), address.path
+                    )
+                elif address.tls is not None:
+                    _, pipe = await loop.create_connection(
+                        lambda: Pipe(label, limit),
+                        address.host,
+                        address.port,
+                        ssl=address.tls(),
+                        ssl_handshake_timeout=self.connect_timeout,
                     )
                 else:
                     _, pipe = await loop.create_connection(

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal, Self, TypeAlias
 
@@ -39,7 +40,7 @@ import anyio
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, RedisSSLContext
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -1422,19 +1423,20 @@ class RedisBackend(Backend):
     def _build_link(self) -> Link | None:
         """The pipelined connection for one plain server (``redis://``, ``unix://``).
 
+        Also for ``rediss://`` (the SSL context is redis-py's, made from the same options).
         Not for Sentinel (redis-py's pool follows the master), Cluster (redis-py routes by
-        slot), TLS (redis-py builds the SSL context from the URL's options), a client of the
-        caller's, or ``sync_replicas`` (a ``WAIT`` blocks its connection on the server, and
-        would hold up every other request on a shared one).
+        slot), a client of the caller's, or ``sync_replicas`` (a ``WAIT`` blocks its
+        connection on the server, and would hold up every other request on a shared one).
         """
         s = self.settings
-        if s.client is not None or s.tls or s.sync_replicas or s.mode not in ("server", "unix"):
+        if s.client is not None or s.sync_replicas or s.mode not in ("server", "unix"):
             return None
         if s.mode == "unix":
             assert s.socket_path is not None
             address = Address(path=s.socket_path)
         else:
-            address = Address(*s.hosts[0])
+            host, port = s.hosts[0]
+            address = Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None)
         return Link(
             "redis",
             address,
@@ -1880,6 +1882,20 @@ def _db_from_path(path: str) -> int:
     if not text.isdigit():
         raise ConfigurationError(f"the URL path must be the database number ('/0'), got {path!r}")
     return int(text)
+
+
+def ssl_context_factory(options: dict[str, Any]) -> Callable[[], ssl.SSLContext]:
+    """The SSL context redis-py would make from these ``ssl_*`` options (its defaults: the
+    certificate required, the host name checked), made on first use."""
+    context = RedisSSLContext(
+        keyfile=options.get("ssl_keyfile"),
+        certfile=options.get("ssl_certfile"),
+        cert_reqs=options.get("ssl_cert_reqs", "required"),
+        ca_certs=options.get("ssl_ca_certs"),
+        ca_path=options.get("ssl_ca_path"),
+        check_hostname=options.get("ssl_check_hostname", True),
+    )
+    return context.get
 
 
 def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:

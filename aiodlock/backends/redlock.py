@@ -49,11 +49,11 @@ from typing import Any, Final, Self
 
 import anyio
 import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, SSLConnection
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, describe, translating
 from .._lease import LockStatus
-from .._url import ParsedURL, take_float, take_str
+from .._url import ParsedURL, take_bool, take_float, take_str
 from .._waiting import WakeupBoard
 from ._base import (
     Backend,
@@ -78,7 +78,7 @@ from ._redis_scripts import (
     Script,
 )
 from ._redis_wire import WIRE_ERRORS, Address, Link, OnReply, ScriptCall, pack
-from .redis import PubSubHub, no_retry
+from .redis import PubSubHub, no_retry, ssl_context_factory, take_ssl_options
 
 __all__ = ["RAISE_COUNTER", "REJOIN", "RedlockBackend"]
 
@@ -282,6 +282,8 @@ class _Settings:
     drift_factor: float
     retry_delay: float
     rejoin_delay: float
+    tls: bool
+    ssl: dict[str, Any]
     shown: str
 
 
@@ -369,6 +371,12 @@ class RedlockBackend(Backend):
         assert retry_delay is not None
         rejoin_delay = take_float(options, "rejoin_delay", 0.0, minimum=0.0)
         assert rejoin_delay is not None
+        tls = take_bool(options, "ssl", False)
+        ssl = take_ssl_options(options)
+        if ssl and not tls:
+            raise ConfigurationError(
+                f"the option(s) {', '.join(sorted(ssl))} need ssl=True (TLS to every node)"
+            )
         settings = _Settings(
             hosts=hosts,
             db=db,
@@ -378,6 +386,8 @@ class RedlockBackend(Backend):
             drift_factor=drift_factor,
             retry_delay=retry_delay,
             rejoin_delay=rejoin_delay,
+            tls=tls,
+            ssl=ssl,
             shown=url.redacted(),
         )
         return cls(settings, config)
@@ -412,9 +422,10 @@ class RedlockBackend(Backend):
         s = self.settings
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         node = _Node(index, address, self.secrets)
+        tls = ssl_context_factory(s.ssl) if s.tls else None
         node.link = Link(
             node.label,
-            Address(host, port),
+            Address(host, port, tls=tls),
             connect_timeout=self.config.connect_timeout,
             op_timeout=self.config.op_timeout,
             username=s.username,
@@ -425,7 +436,11 @@ class RedlockBackend(Backend):
             on_extra=functools.partial(self._rejoined, node),
         )
         # redis-py makes the pub/sub connections (PubSubHub speaks through them).
+        tls_pool: dict[str, Any] = {}
+        if s.tls:
+            tls_pool = {"connection_class": SSLConnection, **s.ssl}
         node.pool = aioredis.ConnectionPool(
+            **tls_pool,
             host=host,
             port=port,
             db=s.db,

@@ -58,7 +58,7 @@ def test_the_link_is_used_only_where_nothing_needs_redis_py() -> None:
 
     assert link_of("redis://127.0.0.1:6390/0")
     assert link_of("unix:///tmp/some.sock")
-    assert not link_of("rediss://127.0.0.1:6390/0")  # redis-py builds the TLS context
+    assert link_of("rediss://127.0.0.1:6390/0")  # (with redis-py's SSL context)
     assert not link_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT blocks a connection
     assert not link_of("redis+sentinel://127.0.0.1:26379/mymaster")
     assert not link_of("redis+cluster://127.0.0.1:7000")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from redis.crc import key_slot
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request
 from aiodlock.backends._redis_scripts import ALL_SCRIPTS, LockKeys, escape_name
+from tests.helpers import make_tls_certs
 from tests.servers import RedisServer, free_port
 
 from .redis_helpers import HANG, ClientFactory, RawFactory, backend_of, eventually, keys_of
@@ -381,26 +380,8 @@ async def test_close_releases_held_locks(make_client: ClientFactory, raw: aiored
     await eventually(lambda: b.lock("closing").try_acquire(), what="lock freed by close()")
 
 
-def _make_certs(directory: Path) -> tuple[Path, Path, Path]:
-    """A throw-away CA and a server certificate for 127.0.0.1 (openssl CLI)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-        "-days", "1", "-subj", "/CN=aiodlock-test-ca")  # fmt: skip
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-        "-subj", "/CN=127.0.0.1")  # fmt: skip
-    (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")  # fmt: skip
-    return directory / "ca.crt", directory / "server.crt", directory / "server.key"
-
-
 async def test_tls(redis_factory: Any, tmp_path: Path) -> None:
-    ca, cert, key = _make_certs(tmp_path)
+    ca, cert, key = make_tls_certs(tmp_path)
     tls_port = free_port()
     redis_factory(
         extra_args=[
@@ -415,6 +396,9 @@ async def test_tls(redis_factory: Any, tmp_path: Path) -> None:
     async with a, b:
         lock = a.lock("tls")
         await lock.acquire()
+        link = backend_of(a).node.link
+        assert link is not None  # the pipelined connection, over TLS
+        assert link.connections == 1
         waiting = asyncio.create_task(b.lock("tls").acquire(timeout=HANG))
         await eventually(lambda: bool(backend_of(b).hub.channels()))
         await lock.release()

@@ -75,6 +75,8 @@ def test_options_from_query_and_keywords() -> None:
         ("redlock://a", {"rejoin_delay": -1}, "rejoin_delay"),
         ("redlock://a", {"no_such_option": 1}, "no_such_option"),
         ("redlock://a?sync_replicas=1", {}, "sync_replicas"),
+        ("redlock://a", {"ssl_ca_certs": "/ca.crt"}, "need ssl=True"),
+        ("redlock://a", {"ssl": True, "ssl_cert_reqs": "maybe"}, "ssl_cert_reqs"),
     ],
 )
 def test_bad_configuration(url: str, options: dict[str, object], match: str) -> None:
