@@ -32,20 +32,17 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
-from .server import servers_module
+from .server import log, started
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
 
@@ -166,24 +163,11 @@ PEERS = ("pottery", "aioredlock")
 # --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def redis_masters(n: int) -> Iterator[Any]:
-    servers = servers_module()
-    missing = servers.binary_missing("redis")
-    if missing:
-        raise RuntimeError(missing)
-    base = Path(tempfile.mkdtemp(prefix="aiodlock-bench-redlock-"))
-    group = servers.RedisGroup(base, n)
-    try:
-        group.start()
-        yield group
-    finally:
-        group.close()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def redis_masters(n: int) -> contextlib.AbstractContextManager[Any]:
+    """``n`` throw-away redis-servers (independent masters), stopped and deleted after."""
+    return started(
+        "redis", lambda servers, base: servers.RedisGroup(base, n), "aiodlock-bench-redlock-"
+    )
 
 
 async def _interleaved_a(
@@ -199,7 +183,7 @@ async def _interleaved_a(
             opened[cls.name] = adapter
         except Exception as exc:
             errors[cls.name] = repr(exc)
-            _log(f"  A   {cls.name:<20} ERROR {exc!r}")
+            log(f"  A   {cls.name:<20} ERROR {exc!r}")
     order = [c.name for c in classes if c.name in opened]
     slices: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     latencies: dict[str, list[float]] = {name: [] for name in order}
@@ -220,7 +204,7 @@ async def _interleaved_a(
                     )
                 except Exception as exc:
                     errors[name] = repr(exc)
-                    _log(f"  A   {name:<20} ERROR {exc!r}")
+                    log(f"  A   {name:<20} ERROR {exc!r}")
                     continue
                 cpu = time.process_time() - cpu0
                 latencies[name].extend(result.pop("_latencies"))
@@ -236,7 +220,7 @@ async def _interleaved_a(
                 line = ", ".join(
                     f"{n} {_rate(slices[n]):.0f}" for n in order if n not in errors and slices[n]
                 )
-                _log(f"  A   after {turn + 1}/{rounds} rounds, cycles/s: {line}")
+                log(f"  A   after {turn + 1}/{rounds} rounds, cycles/s: {line}")
     finally:
         for adapter in opened.values():
             with contextlib.suppress(Exception):
@@ -296,10 +280,10 @@ async def _segment(cls: type[Adapter], url: str, body: Any, warm_name: str) -> d
         finally:
             await adapter.close()
     except Exception as exc:
-        _log(f"  B   {cls.name:<20} ERROR {exc!r}")
+        log(f"  B   {cls.name:<20} ERROR {exc!r}")
         return {"error": repr(exc)}
     gap = result["handoff_gap"]
-    _log(
+    log(
         f"  B   {cls.name:<20} {result['acquisitions_per_s']:.0f} acq/s, gap p50/p99 "
         f"{gap['p50_ms']}/{gap['p99_ms']} ms, wait p99 {result['wait']['p99_ms']} ms, "
         f"same owner {result['same_owner_share']}, violations {result['violations']} "
@@ -317,12 +301,12 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         reason = cls.unavailable(url)
         if reason:
             skipped[name] = reason
-            _log(f"skipping {name}: {reason}")
+            log(f"skipping {name}: {reason}")
         else:
             available.append(cls)
     results: dict[str, Any] = {"skipped": skipped, "A": {}, "B": {}}
     started = perf()
-    _log(f"A: one task, one name, {args.a_rounds} rounds x {args.a_seconds} s per adapter")
+    log(f"A: one task, one name, {args.a_rounds} rounds x {args.a_seconds} s per adapter")
     a = await _interleaved_a(
         available, url, run_id, rounds=args.a_rounds, slice_seconds=args.a_seconds
     )
@@ -333,7 +317,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     for row in a.values():
         row.pop("_by_round", None)
     results["A"] = a
-    _log(f"B: {args.b_workers} tasks on one name, {args.b_seconds} s per adapter")
+    log(f"B: {args.b_workers} tasks on one name, {args.b_seconds} s per adapter")
     for cls in available:
 
         async def body_b(adapter: Adapter) -> dict[str, Any]:
@@ -472,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with redis_masters(NODES) as group:
         url = "redlock://" + group.hosts
-        _log(f"{NODES} redis masters: {group.hosts}")
+        log(f"{NODES} redis masters: {group.hosts}")
         loadavg_before = _loadavg()
         results = asyncio.run(run(args, url))
         version = group[0].cli("INFO", "server").splitlines()

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from . import workloads
 from .adapters import ADAPTERS, DEFAULT_ADAPTERS, Adapter, versions
 from .report import evaluate, markdown, ratio_lines
+from .server import log
 from .stats import summary_ms
 
 __all__ = ["Config", "main", "run_suite"]
@@ -74,10 +75,6 @@ class Config:
         self.c_seconds, self.c_rounds = 0.1, 2
         self.traffic_waiters = [2, 4]
         self.traffic_releases = 40
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _loadavg() -> str:
@@ -206,10 +203,10 @@ class _Suite:
             finally:
                 await adapter.close()
         except Exception as exc:
-            _log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
+            log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
             return {"error": repr(exc)}
         took = time.perf_counter() - started
-        _log(f"  {workload:<7} {cls.name:<18} {_brief(result)} ({took:.1f} s)")
+        log(f"  {workload:<7} {cls.name:<18} {_brief(result)} ({took:.1f} s)")
         return result
 
     async def interleaved(
@@ -242,7 +239,7 @@ class _Suite:
                 )
             except Exception as exc:
                 errors[cls.name] = repr(exc)
-                _log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
+                log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
         profiler = cProfile.Profile() if self.cfg.profile in opened else None
         slices: dict[str, list[dict[str, Any]]] = {name: [] for name in opened}
         latencies: dict[str, list[float]] = {name: [] for name in opened}
@@ -272,7 +269,7 @@ class _Suite:
                         server1 = await _server_cpu(monitor)
                     except Exception as exc:
                         errors[cls.name] = repr(exc)
-                        _log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
+                        log(f"  {workload:<7} {cls.name:<18} ERROR {exc!r}")
                         continue
                     latencies[cls.name].extend(result.pop("_latencies"))
                     slices[cls.name].append(
@@ -291,7 +288,7 @@ class _Suite:
                         for c in order
                         if c.name not in errors and slices[c.name]
                     )
-                    _log(f"  {workload:<7} after {turn + 1}/{rounds} rounds, cycles/s: {line}")
+                    log(f"  {workload:<7} after {turn + 1}/{rounds} rounds, cycles/s: {line}")
         finally:
             if monitor is not None:
                 await monitor.aclose()
@@ -299,7 +296,7 @@ class _Suite:
                 try:
                     await adapter.close()
                 except Exception as exc:
-                    _log(f"  closing {adapter.name} failed: {exc!r}")
+                    log(f"  closing {adapter.name} failed: {exc!r}")
         if profiler is not None and self.cfg.profile:
             self._dump_profile(profiler, self.cfg.profile, workload, "")
         out: dict[str, dict[str, Any]] = {}
@@ -485,7 +482,7 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
         reason = "needs a Redis server" if cls.needs_redis and not url else cls.unavailable(url)
         if reason:
             results["skipped"][name] = reason
-            _log(f"skipping {name}: {reason}")
+            log(f"skipping {name}: {reason}")
             continue
         available.append(cls)
         results["adapters_run"].append(name)
@@ -493,7 +490,7 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
     started = time.perf_counter()
 
     if "A" in cfg.workloads:
-        _log(f"A: one task, one name, {cfg.a_rounds} rounds x {cfg.a_seconds} s per adapter")
+        log(f"A: one task, one name, {cfg.a_rounds} rounds x {cfg.a_seconds} s per adapter")
 
         async def body_a(adapter: Adapter, key: str) -> dict[str, Any]:
             return await workloads.single(adapter, key, seconds=cfg.a_seconds, keep_latencies=True)
@@ -506,7 +503,7 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
         if workload not in cfg.workloads:
             continue
         chosen = [c for c in available if c.can_wait and (c.supports_fair or not fair)]
-        _log(
+        log(
             f"{workload}: {cfg.b_workers} tasks on one name, {cfg.b_repeats} x "
             f"({cfg.b_settle} s settling + {cfg.b_seconds} s) per adapter"
         )
@@ -537,7 +534,7 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
         results[workload] = {name: _combine_contention(rows) for name, rows in repeats.items()}
 
     if "C" in cfg.workloads:
-        _log(f"C: {cfg.c_tasks} tasks on as many names, {cfg.c_rounds} rounds x {cfg.c_seconds} s")
+        log(f"C: {cfg.c_tasks} tasks on as many names, {cfg.c_rounds} rounds x {cfg.c_seconds} s")
 
         async def body_c(adapter: Adapter, key: str) -> dict[str, Any]:
             return await workloads.many_names(
@@ -563,7 +560,7 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
                 continue
             if fair and not cls.supports_fair:
                 continue
-            _log(f"traffic: {spec}, waiting clients {cfg.traffic_waiters}")
+            log(f"traffic: {spec}, waiting clients {cfg.traffic_waiters}")
             series = []
             for n in cfg.traffic_waiters:
                 await suite._flush()
@@ -578,13 +575,13 @@ async def run_suite(cfg: Config, url: str | None, *, flush: bool = False) -> dic
                         hold=cfg.traffic_hold_ms / 1000,
                         fair=fair,
                     )
-                    _log(
+                    log(
                         f"  traffic {spec:<14} N={n:<3} {row['commands_per_release']:.2f} cmds, "
                         f"{row['publish_per_release']:.2f} publish, "
                         f"{row['out_bytes_per_release']:.0f} B out per release"
                     )
                 except Exception as exc:
-                    _log(f"  traffic {spec} N={n} ERROR {exc!r}")
+                    log(f"  traffic {spec} N={n} ERROR {exc!r}")
                     row = {"waiters": n, "error": repr(exc)}
                 series.append(row)
             results["traffic"][spec] = series
@@ -680,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         from .server import redis_server
 
         with redis_server() as server:
-            _log(f"redis-server {server.address} (pid {server.pid}), fresh, no persistence")
+            log(f"redis-server {server.address} (pid {server.pid}), fresh, no persistence")
             results = asyncio.run(run_suite(cfg, server.url, flush=True))
     json_path, md_path = write(results, cfg.out, cfg.name)
     print(markdown(results, results["targets"]))

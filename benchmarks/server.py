@@ -10,12 +10,12 @@ import importlib.util
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["redis_server", "servers_module"]
+__all__ = ["log", "redis_server", "servers_module", "started"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,17 +43,28 @@ def servers_module() -> ModuleType:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[Any]:
-    """Start a throw-away redis-server (no persistence); stop it and delete its files."""
+def started(kind: str, make: Callable[[Any, Path], Any], prefix: str) -> Iterator[Any]:
+    """Start ``make(servers_module, base_dir)`` (a harness server or group of ``kind``), yield
+    it, then stop it and delete its files."""
     servers = servers_module()
-    missing = servers.binary_missing("redis")
+    missing = servers.binary_missing(kind)
     if missing:
         raise RuntimeError(missing)
-    base = Path(tempfile.mkdtemp(prefix="aiodlock-bench-"))
-    server = servers.RedisServer(base)
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    server = make(servers, base)
     try:
         server.start()
         yield server
     finally:
         server.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def redis_server() -> contextlib.AbstractContextManager[Any]:
+    """Start a throw-away redis-server (no persistence); stop it and delete its files."""
+    return started("redis", lambda servers, base: servers.RedisServer(base), "aiodlock-bench-")
+
+
+def log(message: str) -> None:
+    """A progress line on stderr."""
+    print(message, file=sys.stderr, flush=True)

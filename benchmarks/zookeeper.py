@@ -22,21 +22,17 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import shutil
 import socket
 import statistics
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
-from .server import servers_module
+from .server import log, started
 
 __all__ = ["ADAPTERS", "main"]
 
@@ -264,25 +260,14 @@ async def wakeups(
 # --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def zookeeper_server(force_sync: bool) -> Iterator[Any]:
-    servers = servers_module()
-    missing = servers.binary_missing("zookeeper")
-    if missing:
-        raise RuntimeError(missing)
-    base = Path(tempfile.mkdtemp(prefix="aiodlock-bench-zk-"))
+def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """A throw-away standalone ZooKeeper (``forceSync=no`` unless ``force_sync``)."""
     extra = {} if force_sync else {"forceSync": "no"}
-    server = servers.ZooKeeperServer(base, extra_config=extra)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    return started(
+        "zookeeper",
+        lambda servers, base: servers.ZooKeeperServer(base, extra_config=extra),
+        "aiodlock-bench-zk-",
+    )
 
 
 async def _segment(
@@ -298,9 +283,9 @@ async def _segment(
         finally:
             await adapter.close()
     except Exception as exc:
-        _log(f"  {what:<4} {cls.name:<9} ERROR {exc!r}")
+        log(f"  {what:<4} {cls.name:<9} ERROR {exc!r}")
         return {"error": repr(exc)}
-    _log(f"  {what:<4} {cls.name:<9} {_brief(result)} ({perf() - started:.1f} s)")
+    log(f"  {what:<4} {cls.name:<9} {_brief(result)} ({perf() - started:.1f} s)")
     return result
 
 
@@ -349,7 +334,7 @@ async def uncontended(
                 await adapter.open()
                 await workloads.warm_up(adapter, f"{run_id}-warmA-{cls.name}")
             except Exception as exc:
-                _log(f"  A    {cls.name:<9} ERROR {exc!r}")
+                log(f"  A    {cls.name:<9} ERROR {exc!r}")
                 out[cls.name] = {"error": repr(exc)}
                 continue
             opened[cls.name] = adapter
@@ -422,7 +407,7 @@ async def uncontended(
                     round(ratios[(3 * len(ratios)) // 4], 3),
                 ]
         out[name] = result
-        _log(
+        log(
             f"  A    {name:<9} {result['cycles_per_s']} cycles/s overall, median slice "
             f"{result['median_cycles_per_s']}, p50 {result['median_cycle_p50_ms']} ms, "
             f"client CPU {result['client_cpu_us_per_cycle']} us/cycle"
@@ -446,13 +431,13 @@ async def run(
         reason = cls.unavailable(url)
         if reason:
             skipped[cls.name] = reason
-            _log(f"skipping {cls.name}: {reason}")
+            log(f"skipping {cls.name}: {reason}")
         else:
             available.append(cls)
     results: dict[str, Any] = {"skipped": skipped, "A": {}, "B": {}, "wakeups": []}
     started = perf()
 
-    _log(
+    log(
         f"A: one task, one name; {args.a_rounds} rounds of one {args.a_seconds} s slice per "
         f"adapter, all adapters open, order rotating"
     )
@@ -460,7 +445,7 @@ async def run(
         available, url, run_id, args.a_rounds, args.a_seconds, server_pid
     )
 
-    _log(f"B: {args.b_workers} tasks on one name, {args.b_seconds} s per adapter")
+    log(f"B: {args.b_workers} tasks on one name, {args.b_seconds} s per adapter")
     for cls in available:
 
         async def body_b(adapter: Adapter) -> dict[str, Any]:
@@ -475,7 +460,7 @@ async def run(
         results["B"][cls.name] = await _segment(cls, url, "B", body_b, f"{run_id}-warmB-{cls.name}")
 
     if "aiodlock" in [cls.name for cls in available]:
-        _log(f"wakeups: N clients on one name, N = {args.waiters}")
+        log(f"wakeups: N clients on one name, N = {args.waiters}")
         for n in args.waiters:
             row = await wakeups(
                 url,
@@ -485,7 +470,7 @@ async def run(
                 releases=args.releases,
                 hold=args.wake_hold_ms / 1000,
             )
-            _log(
+            log(
                 f"  N={n:<4} {row['wakeups_per_handoff']} wake-ups, "
                 f"{row['relistings_per_handoff']} re-listings, "
                 f"{row['server_packets_sent_per_handoff']} server packets per handoff"
@@ -643,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     force_sync = args.force_sync == "yes"
     with zookeeper_server(force_sync) as server:
-        _log(f"zookeeper {server.address} (pid {server.pid}), fresh, forceSync={args.force_sync}")
+        log(f"zookeeper {server.address} (pid {server.pid}), fresh, forceSync={args.force_sync}")
         loadavg_before = _loadavg()
         results = asyncio.run(run(args, server.url, server.address, server.pid))
         version = server.four_letter("srvr").splitlines()[0]

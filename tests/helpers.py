@@ -79,3 +79,12 @@ def make_tls_certs(directory: Path) -> tuple[Path, Path, Path]:
     run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
         "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")  # fmt: skip
     return directory / "ca.crt", directory / "server.crt", directory / "server.key"
+
+
+def tls_server_args(port: int, ca: Path, cert: Path, key: Path) -> list[str]:
+    """``redis-server`` arguments for a TLS port with the certificates of
+    :func:`make_tls_certs` (clients need not show a certificate)."""
+    return [
+        "--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+        "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
+    ]  # fmt: skip

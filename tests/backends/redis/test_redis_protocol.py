@@ -16,7 +16,7 @@ from redis.crc import key_slot
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request
 from aiodlock.backends._redis_scripts import ALL_SCRIPTS, LockKeys, escape_name
-from tests.helpers import make_tls_certs
+from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import RedisServer, free_port
 
 from .redis_helpers import HANG, ClientFactory, RawFactory, backend_of, eventually, keys_of
@@ -383,13 +383,7 @@ async def test_close_releases_held_locks(make_client: ClientFactory, raw: aiored
 async def test_tls(redis_factory: Any, tmp_path: Path) -> None:
     ca, cert, key = make_tls_certs(tmp_path)
     tls_port = free_port()
-    redis_factory(
-        extra_args=[
-            "--tls-port", str(tls_port), "--tls-cert-file", str(cert),
-            "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-            "--tls-auth-clients", "no",
-        ]
-    )  # fmt: skip
+    redis_factory(extra_args=tls_server_args(tls_port, ca, cert, key))
     url = f"rediss://127.0.0.1:{tls_port}/0"
     a = aiodlock.connect(url, ssl_ca_certs=str(ca))
     b = aiodlock.connect(url, ssl_ca_certs=str(ca))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import aiodlock
-from tests.helpers import make_tls_certs
+from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import free_port
 
 from .redlock_helpers import HANG, backend_of, eventually
@@ -22,13 +22,7 @@ async def test_tls_to_every_node(redis_factory: Any, tmp_path: Path) -> None:
     ports = []
     for _ in range(3):
         port = free_port()
-        redis_factory(
-            extra_args=[
-                "--tls-port", str(port), "--tls-cert-file", str(cert),
-                "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-                "--tls-auth-clients", "no",
-            ]
-        )  # fmt: skip
+        redis_factory(extra_args=tls_server_args(port, ca, cert, key))
         ports.append(port)
     url = "redlock://" + ",".join(f"127.0.0.1:{p}" for p in ports)
     a = aiodlock.connect(url, ssl=True, ssl_ca_certs=str(ca))
