@@ -269,27 +269,13 @@ def _paired(a: dict[str, Any], mine: str, others: Sequence[str]) -> float | None
     return round(statistics.median(ratios), 3) if ratios else None
 
 
-async def _segment(cls: type[Adapter], url: str, body: Any, warm_name: str) -> dict[str, Any]:
-    adapter = cls(url)
-    started = perf()
-    try:
-        await adapter.open()
-        try:
-            await workloads.warm_up(adapter, warm_name)
-            result: dict[str, Any] = await body(adapter)
-        finally:
-            await adapter.close()
-    except Exception as exc:
-        log(f"  B   {cls.name:<20} ERROR {exc!r}")
-        return {"error": repr(exc)}
+def _brief_b(result: dict[str, Any]) -> str:
     gap = result["handoff_gap"]
-    log(
-        f"  B   {cls.name:<20} {result['acquisitions_per_s']:.0f} acq/s, gap p50/p99 "
-        f"{gap['p50_ms']}/{gap['p99_ms']} ms, wait p99 {result['wait']['p99_ms']} ms, "
-        f"same owner {result['same_owner_share']}, violations {result['violations']} "
-        f"({perf() - started:.1f} s)"
+    return (
+        f"{result['acquisitions_per_s']:.0f} acq/s, gap p50/p99 {gap['p50_ms']}/{gap['p99_ms']} "
+        f"ms, wait p99 {result['wait']['p99_ms']} ms, same owner {result['same_owner_share']}, "
+        f"violations {result['violations']}"
     )
-    return result
 
 
 async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
@@ -330,7 +316,14 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 settle=args.b_settle,
             )
 
-        results["B"][cls.name] = await _segment(cls, url, body_b, f"{run_id}-warmB-{cls.name}")
+        results["B"][cls.name] = await workloads.segment(
+            cls,
+            url,
+            body_b,
+            f"{run_id}-warmB-{cls.name}",
+            label=f"B   {cls.name:<20}",
+            brief=_brief_b,
+        )
     results["wall_seconds"] = round(perf() - started, 1)
     return results
 

@@ -22,10 +22,11 @@ import gc
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .adapters import Adapter
+from .server import log
 from .stats import summary_ms, time_weighted_percentile
 
 __all__ = ["contention", "many_names", "single", "wake_traffic", "warm_up"]
@@ -35,6 +36,33 @@ perf = time.perf_counter
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 4)
+
+
+async def segment(
+    cls: type[Adapter],
+    url: str,
+    body: Callable[[Adapter], Awaitable[dict[str, Any]]],
+    warm_name: str,
+    *,
+    label: str,
+    brief: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """Open a fresh ``cls`` adapter, warm it up on ``warm_name``, run ``body`` on it, close
+    it; log ``label`` and ``brief(result)``.  A failure is a result ``{"error": ...}``."""
+    adapter = cls(url)
+    started = perf()
+    try:
+        await adapter.open()
+        try:
+            await warm_up(adapter, warm_name)
+            result = await body(adapter)
+        finally:
+            await adapter.close()
+    except Exception as exc:
+        log(f"  {label} ERROR {exc!r}")
+        return {"error": repr(exc)}
+    log(f"  {label} {brief(result)} ({perf() - started:.1f} s)")
+    return result
 
 
 async def warm_up(adapter: Adapter, prefix: str, *, tasks: int = 1, cycles: int = 20) -> None:

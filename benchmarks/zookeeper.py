@@ -270,25 +270,6 @@ def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]
     )
 
 
-async def _segment(
-    cls: type[Adapter], url: str, what: str, body: Any, warm_name: str
-) -> dict[str, Any]:
-    adapter = cls(url)
-    started = perf()
-    try:
-        await adapter.open()
-        try:
-            await workloads.warm_up(adapter, warm_name)
-            result: dict[str, Any] = await body(adapter)
-        finally:
-            await adapter.close()
-    except Exception as exc:
-        log(f"  {what:<4} {cls.name:<9} ERROR {exc!r}")
-        return {"error": repr(exc)}
-    log(f"  {what:<4} {cls.name:<9} {_brief(result)} ({perf() - started:.1f} s)")
-    return result
-
-
 def _brief(result: dict[str, Any]) -> str:
     if "cycles_per_s" in result:
         return f"{result['cycles_per_s']:.0f} cycles/s, p50 {result['cycle']['p50_ms']} ms"
@@ -457,7 +438,14 @@ async def run(
                 hold=args.hold_ms / 1000,
             )
 
-        results["B"][cls.name] = await _segment(cls, url, "B", body_b, f"{run_id}-warmB-{cls.name}")
+        results["B"][cls.name] = await workloads.segment(
+            cls,
+            url,
+            body_b,
+            f"{run_id}-warmB-{cls.name}",
+            label=f"B    {cls.name:<9}",
+            brief=_brief,
+        )
 
     if "aiodlock" in [cls.name for cls in available]:
         log(f"wakeups: N clients on one name, N = {args.waiters}")
