@@ -726,7 +726,9 @@ class Client:
             hold.lost_event.set()
         hold.generation += 1
         self._watchdog.untrack(hold)
-        log.warning("aiodlock: lock %r lost: %s", hold.name, reason)
+        log.warning(
+            "aiodlock: lock %r lost: %s", hold.name, reason, extra={"aiodlock_event": "lost"}
+        )
         notify(self._observers, "on_lost", hold.lease, reason)
         policy = hold.on_lost
         if policy == "cancel" and hold.entries:

@@ -956,6 +956,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    if not args.verbose:
+        # The commands say it themselves when a lease is lost ("lost lock ..."): the
+        # library's own warning would print the same news twice.
+        handler.addFilter(lambda record: getattr(record, "aiodlock_event", None) != "lost")
     library_log = logging.getLogger("aiodlock")
     library_log.addHandler(handler)
     library_log.setLevel(logging.DEBUG if args.verbose else logging.WARNING)

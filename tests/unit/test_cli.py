@@ -339,6 +339,7 @@ def test_release_needs_force_and_breaks_a_held_lock(
     status, err = holder.wait(timeout=30)
     assert status == cli.EX_LOST, err
     assert "lost lock 'rel'" in err
+    assert err.count("'rel'") == err.count("lost lock 'rel'"), err  # said once, not twice
     assert not pid_alive(holder.child_pid)
     again = run_cli(env, "release", "rel", "--force")
     assert again.returncode == cli.EX_FREE
