@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .backends._base import Busy, Grant, Request, monotonic
+from .backends._base import Busy, Grant, Request, Waiter, monotonic
 
 if TYPE_CHECKING:
     from .backends._base import Backend
@@ -49,7 +49,10 @@ async def acquire_loop(
         return None
     granted = False
     try:
-        async with backend.waiter(request) as waiter:
+        async with contextlib.AsyncExitStack() as stack:
+            waiter = await _enter_waiter(stack, backend, request, deadline)
+            if waiter is None:
+                return None  # the deadline passed while the waiter was being set up
             while True:
                 # NOTE: the waiter is live here, so a release after this attempt wakes us.
                 result = await backend.try_acquire(request, will_wait=True)
@@ -67,6 +70,29 @@ async def acquire_loop(
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await backend.abandon(request)
+
+
+async def _enter_waiter(
+    stack: contextlib.AsyncExitStack, backend: Backend, request: Request, deadline: float | None
+) -> Waiter | None:
+    """Enter ``backend.waiter(request)`` on ``stack``, at most until ``deadline``.
+
+    Setting a waiter up can take a round trip or more (a subscription confirmed by the
+    server, a watch); it must not stretch ``timeout=X`` beyond X.  None: the deadline
+    passed first (what the set-up had done is undone by its own clean-up).
+    """
+    context = backend.waiter(request)
+    if deadline is None:
+        return await stack.enter_async_context(context)
+    loop = asyncio.get_running_loop()
+    bound = asyncio.timeout_at(loop.time() + max(0.0, deadline - monotonic()))
+    try:
+        async with bound:
+            return await stack.enter_async_context(context)
+    except TimeoutError:
+        if bound.expired():
+            return None
+        raise  # a timeout of the backend's own (BackendTimeout)
 
 
 def _sleep_for(result: Busy, remaining: float) -> float | None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
 import aiodlock
 import aiodlock.testing
-from aiodlock.backends._base import Grant, Request
+from aiodlock.backends._base import Backend, Grant, Request
 from aiodlock.backends.memory import MemoryBackend
 
 HANG = 20.0
@@ -51,6 +53,31 @@ def counting_client(space: str | None = None, **options: object) -> aiodlock.Cli
     assert isinstance(backend, MemoryBackend)
     counting = CountingMemory(backend.space_name, backend.config)
     return aiodlock.Client(counting)
+
+
+class SlowWaiterMemory(MemoryBackend):
+    """The memory backend on the shared try-then-wait loop, with a waiter whose set-up never
+    finishes (a subscription the server never confirms)."""
+
+    backend_name = "memory"
+    acquire = Backend.acquire  # type: ignore[assignment]
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.entered = 0
+        self.cleaned = 0
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._stuck()
+
+    @contextlib.asynccontextmanager
+    async def _stuck(self) -> AsyncIterator[Any]:
+        self.entered += 1
+        try:
+            await asyncio.sleep(HANG)
+            yield None
+        finally:
+            self.cleaned += 1
 
 
 @pytest.fixture
@@ -95,6 +122,33 @@ async def test_a_lock_cycle_leaves_no_cyclic_garbage(client: aiodlock.Client) ->
     assert lease.expires_in == 0.0
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(lease.wait_lost(), 0.05)
+
+
+async def test_a_slow_waiter_set_up_does_not_stretch_the_timeout() -> None:
+    plain = aiodlock.testing.memory_client()
+    backend = plain.backend
+    assert isinstance(backend, MemoryBackend)
+    slow = SlowWaiterMemory(backend.space_name, backend.config)
+    async with aiodlock.Client(slow) as c:
+        holder = asyncio.Event()
+        done = asyncio.Event()
+
+        async def hold() -> None:
+            async with c.lock("slow-waiter"):
+                holder.set()
+                await done.wait()
+
+        task = asyncio.create_task(hold())
+        await holder.wait()
+        started = time.monotonic()
+        with pytest.raises(aiodlock.LockTimeout):
+            await c.lock("slow-waiter").acquire(timeout=0.2)
+        assert time.monotonic() - started < 2.0  # about the timeout, not the set-up's HANG
+        assert slow.entered == slow.cleaned == 1
+        done.set()
+        await task
+        assert await c.lock("slow-waiter").try_acquire() is not None
+        await c.lock("slow-waiter").release()
 
 
 async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:
