@@ -606,11 +606,8 @@ class RedisNode:
             k = (keys.lock, keys.counter)
             a = (owner, lease_ms)
         if not self.sync_replicas:
-            if self.link is not None and timeout is None:
-                reply: int = await self.finish(self.start(script, k, a), script, k, a)
-                return reply
-            reply = await self.run(script, k, a, timeout=timeout)
-            return reply  # noqa: RET504 - typed
+            reply: int = await self.run(script, k, a, timeout=timeout)
+            return reply
         replies, acks = await self.run_many(
             script, [(k, a)], what=script.name, timeout=timeout, wait_replicas=True
         )
@@ -647,13 +644,18 @@ class RedisNode:
         self, keys: LockKeys, owner: str, token: str = "", *, timeout: float | None = None
     ) -> bool:
         """Compare-and-delete by owner (and token unless ``''``); wakes the next waiter."""
-        reply = await self.run(
-            RELEASE,
-            (keys.lock, keys.queue, keys.deadlines),
-            (owner, token, keys.channel, keys.waiter_prefix),
-            timeout=timeout,
-        )
-        return bool(reply == 1)
+        k, a = _release_call(keys, owner, token)
+        return bool(await self.run(RELEASE, k, a, timeout=timeout) == 1)
+
+    def start_release(self, keys: LockKeys, owner: str, token: str = "") -> Awaitable[bool]:
+        """:meth:`release`, sent on the link now (only with a link); await the answer."""
+        k, a = _release_call(keys, owner, token)
+        return self._finish_release(self.start(RELEASE, k, a), k, a)
+
+    async def _finish_release(
+        self, sent: asyncio.Future[Any], k: tuple[bytes, ...], a: tuple[Any, ...]
+    ) -> bool:
+        return bool(await self.finish(sent, RELEASE, k, a) == 1)
 
     async def release_transfer(
         self,
@@ -726,6 +728,13 @@ class RedisNode:
         for reply in await self._batch(commands):
             if isinstance(reply, Exception):
                 raise reply
+
+
+def _release_call(
+    keys: LockKeys, owner: str, token: str
+) -> tuple[tuple[bytes, ...], tuple[str, str, bytes, bytes]]:
+    """KEYS and ARGV of the RELEASE script."""
+    return (keys.lock, keys.queue, keys.deadlines), (owner, token, keys.channel, keys.waiter_prefix)
 
 
 def _master_of(cluster: RedisCluster, key: bytes) -> ClusterNode | None:
@@ -1672,45 +1681,36 @@ class RedisBackend(Backend):
 
     async def release(self, grant: Grant) -> bool:
         data = _data(grant)
-        if self._local and not data.fair and not self.node.sync_replicas:
-            waiter = self._receiver(grant.name, grant.owner)
-            if waiter is not None:
-                outcome = await self._transfer(grant, data, waiter)
-                if outcome is not None:
-                    return outcome
-        released = await self.node.release(data.keys, grant.owner, data.token)
-        if released and not data.fair and self._expects_message(data.keys):
-            # The release message wakes one local waiter: reserve the next attempt for it.
-            self._handoffs[grant.name] = monotonic() + self._handoff_window
-        return released
+        waiter = self._hand_off_to(grant, data)
+        if waiter is not None:
+            outcome = await self._transfer(grant, data, waiter)
+            if outcome is not None:
+                return outcome
+        pending = self.node.release(data.keys, grant.owner, data.token)
+        return await self._released(grant, data, pending)
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
-        node = self._node
-        data = grant.data
+        node, data = self._node, grant.data
         if (
             node is None
             or node.link is None
             or not isinstance(data, _GrantData)
-            or (self._local and not data.fair and self._receiver(grant.name, grant.owner))
+            or self._hand_off_to(grant, data) is not None
         ):
             return self.release(grant)  # (a local hand-off, or no link: nothing to win)
-        keys = data.keys
-        k = (keys.lock, keys.queue, keys.deadlines)
-        a = (grant.owner, data.token, keys.channel, keys.waiter_prefix)
-        return self._finish_release(grant, data, node, node.start(RELEASE, k, a), k, a)
+        return self._released(grant, data, node.start_release(data.keys, grant.owner, data.token))
 
-    async def _finish_release(
-        self,
-        grant: Grant,
-        data: _GrantData,
-        node: RedisNode,
-        sent: asyncio.Future[Any],
-        k: tuple[bytes, ...],
-        a: tuple[Any, ...],
-    ) -> bool:
-        released = bool(await node.finish(sent, RELEASE, k, a) == 1)
+    def _hand_off_to(self, grant: Grant, data: _GrantData) -> HubWaiter | None:
+        """The local waiter a release of ``grant`` hands the lock to, if any."""
+        if not self._local or data.fair or self.node.sync_replicas:
+            return None
+        return self._receiver(grant.name, grant.owner)
+
+    async def _released(self, grant: Grant, data: _GrantData, pending: Awaitable[bool]) -> bool:
+        """The plain release's answer; reserves the next attempt for the local waiter its
+        message wakes."""
+        released = await pending
         if released and not data.fair and self._expects_message(data.keys):
-            # (as in release())
             self._handoffs[grant.name] = monotonic() + self._handoff_window
         return released
 
