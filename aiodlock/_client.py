@@ -607,19 +607,23 @@ class Client:
         hold.count -= 1
         if hold.count > 0:
             return
-        started: Awaitable[bool] | None = None
-        if not hold.server_released:
-            # The request leaves now where the backend can send it at once; the bookkeeping
-            # below then runs while the server works.
-            hold.server_released = True
-            self._watchdog.untrack(hold)
-            started = self._backend.start_release(hold.grant)
+        # The request leaves now where the backend can send it at once; the bookkeeping below
+        # then runs while the server works.
+        started = self._begin_server_release(hold)
         self._forget(hold)
         notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
         if started is not None:
             await self._server_release(hold, raise_errors=True, started=started)
         if hold.lost and hold.on_lost == "cancel":
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
+
+    def _begin_server_release(self, hold: _Hold) -> Awaitable[bool] | None:
+        """Start releasing ``hold`` on the server (once: None if that was done already)."""
+        if hold.server_released:
+            return None
+        hold.server_released = True
+        self._watchdog.untrack(hold)
+        return self._backend.start_release(hold.grant)
 
     async def _server_release(
         self,
@@ -634,11 +638,9 @@ class Client:
         is then marked and untracked already).
         """
         if started is None:
-            if hold.server_released:
+            started = self._begin_server_release(hold)
+            if started is None:
                 return
-            hold.server_released = True
-            self._watchdog.untrack(hold)
-            started = self._backend.release(hold.grant)
         try:
             await self._finish_server_release(hold, started, raise_errors)
         finally:
