@@ -41,7 +41,7 @@ from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
+from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
 from .server import log, started
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
@@ -377,14 +377,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
 def markdown(doc: dict[str, Any]) -> str:
     meta, res = doc["meta"], doc["results"]
     lines = [
-        f"# Redlock benchmark `{meta['name']}`",
-        "",
-        f"- {meta['date']}, `{meta['command']}`",
-        f"- {meta['machine']}; load average before/after {meta['loadavg_before']} / "
-        f"{meta['loadavg_after']}",
-        f"- servers: {meta['server']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
-        "",
+        *side_report_head("Redlock", "servers", meta),
         "| adapter | A: cycles/s | A: cycle p50 ms | A: client CPU us/cycle | B: acq/s "
         "| B: gap p50 ms | B: gap p99 ms | B: wait p99 ms | B: same owner | B: violations |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

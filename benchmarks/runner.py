@@ -747,6 +747,20 @@ def save_run(
     return text
 
 
+def side_report_head(title: str, server_label: str, meta: dict[str, Any]) -> list[str]:
+    """The first lines of a side benchmark's markdown report (what ran, where, with what)."""
+    return [
+        f"# {title} benchmark `{meta['name']}`",
+        "",
+        f"- {meta['date']}, `{meta['command']}`",
+        f"- {meta['machine']}; load average before/after {meta['loadavg_before']} / "
+        f"{meta['loadavg_after']}",
+        f"- {server_label}: {meta['server']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        "",
+    ]
+
+
 def target_lines(doc: dict[str, Any]) -> list[str]:
     """``- [PASS] goal: measured`` for each judged target of a side benchmark."""
     return [f"- [{t['status']}] {t['goal']}: {t['measured']}" for t in doc["targets"]]

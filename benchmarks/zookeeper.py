@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _csv, _loadavg, save_run, target_lines
+from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
 from .server import log, started
 
 __all__ = ["ADAPTERS", "main"]
@@ -524,14 +524,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
 def markdown(doc: dict[str, Any]) -> str:
     meta, res = doc["meta"], doc["results"]
     lines = [
-        f"# ZooKeeper benchmark `{meta['name']}`",
-        "",
-        f"- {meta['date']}, `{meta['command']}`",
-        f"- {meta['machine']}; load average before/after {meta['loadavg_before']} / "
-        f"{meta['loadavg_after']}",
-        f"- server: {meta['server']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
-        "",
+        *side_report_head("ZooKeeper", "server", meta),
         "| adapter | A: cycles/s | A: median slice cycles/s | A: cycle p50 ms "
         "| A: client CPU us/cycle | A: server CPU us/cycle | A: ratio (paired) "
         "| B: acq/s | B: gap p50 ms | B: gap p99 ms | B: wait p99 ms | B: violations |",
