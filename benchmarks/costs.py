@@ -30,7 +30,7 @@ import hiredis
 from aiodlock.backends import _redis_scripts as scripts
 from aiodlock.backends._redis_wire import Pipe, pack, resolver
 
-from .server import redis_server, started
+from .server import redis_server, temporary_server
 
 FLOOR_DELETE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
@@ -155,7 +155,8 @@ async def transport_cost(rounds: int, cycles: int) -> None:
 async def redlock_cost(rounds: int, cycles: int) -> None:
     import aiodlock
 
-    with started("redis", lambda s, base: s.RedisGroup(base, 5), "aiodlock-costs-") as group:
+    five = temporary_server("redis", lambda s, base: s.RedisGroup(base, 5), "aiodlock-costs-")
+    with five as group:
         url = "redlock://" + ",".join(f"{member.host}:{member.port}" for member in group)
         pids = [member.pid for member in group]
         async with aiodlock.connect(url) as client:

@@ -42,7 +42,7 @@ from typing import Any
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
-from .server import log, started
+from .server import log, temporary_server
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
 
@@ -165,7 +165,7 @@ PEERS = ("pottery", "aioredlock")
 
 def redis_masters(n: int) -> contextlib.AbstractContextManager[Any]:
     """``n`` throw-away redis-servers (independent masters), stopped and deleted after."""
-    return started(
+    return temporary_server(
         "redis", lambda servers, base: servers.RedisGroup(base, n), "aiodlock-bench-redlock-"
     )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["log", "redis_server", "servers_module", "started"]
+__all__ = ["log", "redis_server", "servers_module", "temporary_server"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def servers_module() -> ModuleType:
 
 
 @contextlib.contextmanager
-def started(kind: str, make: Callable[[Any, Path], Any], prefix: str) -> Iterator[Any]:
+def temporary_server(kind: str, make: Callable[[Any, Path], Any], prefix: str) -> Iterator[Any]:
     """Start ``make(servers_module, base_dir)`` (a harness server or group of ``kind``), yield
     it, then stop it and delete its files."""
     servers = servers_module()
@@ -62,7 +62,9 @@ def started(kind: str, make: Callable[[Any, Path], Any], prefix: str) -> Iterato
 
 def redis_server() -> contextlib.AbstractContextManager[Any]:
     """Start a throw-away redis-server (no persistence); stop it and delete its files."""
-    return started("redis", lambda servers, base: servers.RedisServer(base), "aiodlock-bench-")
+    return temporary_server(
+        "redis", lambda servers, base: servers.RedisServer(base), "aiodlock-bench-"
+    )
 
 
 def log(message: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
-from .server import log, started
+from .server import log, temporary_server
 
 __all__ = ["ADAPTERS", "main"]
 
@@ -263,7 +263,7 @@ async def wakeups(
 def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]:
     """A throw-away standalone ZooKeeper (``forceSync=no`` unless ``force_sync``)."""
     extra = {} if force_sync else {"forceSync": "no"}
-    return started(
+    return temporary_server(
         "zookeeper",
         lambda servers, base: servers.ZooKeeperServer(base, extra_config=extra),
         "aiodlock-bench-zk-",
