@@ -551,7 +551,8 @@ class Client:
         self._watchdog.track(hold)
         hold.done_callback = self._task_done_factory(hold)
         task.add_done_callback(hold.done_callback)
-        notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
+        if self._observers:
+            notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
         return hold.lease
 
     async def _abandon(self, request: Request) -> None:
@@ -611,7 +612,8 @@ class Client:
         # then runs while the server works.
         started = self._begin_server_release(hold)
         self._forget(hold)
-        notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
+        if self._observers:
+            notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
         if started is not None:
             await self._server_release(hold, raise_errors=True, started=started)
         if hold.lost and hold.on_lost == "cancel":

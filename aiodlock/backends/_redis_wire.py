@@ -242,6 +242,19 @@ class Pipe(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def send_one(self, data: bytes, callback: OnReply) -> None:
+        """:meth:`send` for one command and its callback (the hot path: no list)."""
+        if self.broken is not None:
+            callback(self.broken)
+            return
+        now = monotonic()
+        self._waiting.append(callback)
+        self._sent_at.append(now)
+        if self._timer is None and self.op_timeout is not None:
+            self._arm(now + self.op_timeout)
+        assert self.transport is not None
+        self.transport.write(data)
+
     def oldest(self) -> float | None:
         """When the oldest unanswered request was sent."""
         return self._sent_at[0] if self._sent_at else None
@@ -432,6 +445,13 @@ class Link:
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
+        pipe = self._pipe
+        if pipe is not None and pipe.broken is None:
+            transport = pipe.transport
+            if transport is not None and not transport.is_closing():
+                # (what _usable() checks, inline: this is every lock operation's path)
+                pipe.send_one(call.data, self._on_eval(call, deliver))
+                return
         self.send(call.data, [self._on_eval(call, deliver)])
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:

@@ -38,6 +38,7 @@ See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -329,6 +330,9 @@ class RedlockBackend(Backend):
         self.marker = config.namespace.encode() + b":redlock:rejoin"
         self.secrets = (settings.password,) if settings.password else ()
         self._patience = self.node_timeout(config.watchdog_ttl)
+        #: timeout -> the fan-outs waiting that long (one loop timer per queue)
+        self._queues: dict[float, _Expiries] = {}
+        self._keys: dict[str, LockKeys] = {}  # a small cache
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -580,14 +584,25 @@ class RedlockBackend(Backend):
     ) -> list[Outcome]:
         """The waiting half of :meth:`_fan_out`."""
         if gather.left:
-            started = asyncio.get_running_loop().time()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             if patience is None or patience >= timeout or not gather.decidable:
-                await gather.until(started + timeout, armed=False)
+                await gather.until(self._expiries(loop, timeout), started + timeout, armed=False)
             else:
                 if patience > 0:
-                    await gather.until(started + patience, armed=False)
-                await gather.until(started + timeout, armed=True)
+                    queue = self._expiries(loop, patience)
+                    await gather.until(queue, started + patience, armed=False)
+                await gather.until(self._expiries(loop, timeout), started + timeout, armed=True)
         return self._outcomes(nodes, gather.replies, what, timeout)
+
+    def _expiries(self, loop: asyncio.AbstractEventLoop, timeout: float) -> _Expiries:
+        """The queue of the fan-outs that wait ``timeout`` seconds at most."""
+        queue = self._queues.get(timeout)
+        if queue is None or queue.loop is not loop:
+            if len(self._queues) > 64:  # (timeouts follow the lease lengths in use)
+                self._queues = {t: q for t, q in self._queues.items() if q.entries}
+            queue = self._queues[timeout] = _Expiries(loop)
+        return queue
 
     def _outcomes(
         self, nodes: Sequence[_Node], replies: Sequence[Any], what: str, timeout: float
@@ -643,11 +658,16 @@ class RedlockBackend(Backend):
 
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` (the same on every node)."""
-        return LockKeys(self._namespace, name)
+        keys = self._keys.get(name)
+        if keys is None:
+            if len(self._keys) >= 4096:
+                self._keys.clear()
+            keys = self._keys[name] = LockKeys(self._namespace, name)
+        return keys
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        keys = LockKeys(self._namespace, request.name)
-        ckey = keys.channel.decode("latin-1")
+        keys = self.keys_for(request.name)
+        ckey = keys.channel_key
         owner = request.owner
         key = (ckey, owner)
         now = monotonic()
@@ -716,9 +736,11 @@ class RedlockBackend(Backend):
         def vote(index: int, reply: Any) -> bool:
             # NOTE: a majority of yes is enough: the other nodes' answers still come (in
             # order on their connections, before any later request of ours there).
-            if isinstance(reply, BaseException) or not _acquire_reply(reply)[0]:
-                return False
-            return nodes[index].counts(monotonic())
+            if type(reply) is int:
+                granted = reply >= 1  # (the usual answer: see _acquire_reply)
+            else:
+                granted = not isinstance(reply, BaseException) and _acquire_reply(reply)[0]
+            return granted and nodes[index].counts_after <= monotonic()
 
         started = monotonic()
         outcomes = await self._fan_out(
@@ -1170,27 +1192,64 @@ class _Gather:
             return self.yes >= self.need or self.no > self.spare
         return self.check is not None and self.check()
 
-    async def until(self, deadline: float, *, armed: bool) -> None:
+    async def until(self, queue: _Expiries, deadline: float, *, armed: bool) -> None:
         """Until every node answered, the fan-out is decided (when ``armed``), or the loop
-        time ``deadline``."""
+        time ``deadline`` (``queue`` wakes it then)."""
         self.armed = armed
         if not self.left or self.enough():
             return
-        loop = asyncio.get_running_loop()
+        loop = queue.loop
         if deadline <= loop.time():
             return
         self.waiter = waiter = loop.create_future()
-        timer = loop.call_at(deadline, _wake, waiter)
+        queue.add(deadline, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+class _Expiries:
+    """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer.
+
+    A timer per fan-out (armed, then cancelled when the nodes answer a fraction of a
+    millisecond later) costs a heap push and a cancellation on every lock operation.  The
+    fan-outs of one timeout expire in the order they started, so a FIFO of their deadlines
+    and futures is enough: the timer is armed for the oldest one still waiting, and one
+    timer then serves every fan-out of a whole ``timeout`` window.
+    """
+
+    __slots__ = ("entries", "handle", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.entries: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
+        self.handle: asyncio.TimerHandle | None = None
+
+    def add(self, deadline: float, waiter: asyncio.Future[None]) -> None:
+        entries = self.entries
+        # Fan-outs end about in the order they start: drop the finished ones at the front
+        # (a long wait at the front makes the rest pile up: sweep them now and then).
+        while entries and entries[0][1].done():
+            entries.popleft()
+        if len(entries) >= 1024:
+            self.entries = entries = collections.deque(e for e in entries if not e[1].done())
+        entries.append((deadline, waiter))
+        if self.handle is None:
+            self.handle = self.loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        now = self.loop.time()
+        entries = self.entries
+        while entries:
+            deadline, waiter = entries[0]
+            if not waiter.done():
+                if deadline > now:
+                    self.handle = self.loop.call_at(deadline, self._fire)
+                    return
+                waiter.set_result(None)
+            entries.popleft()
 
 
 def _released(index: int, reply: Any) -> bool | None:

@@ -114,3 +114,37 @@ async def test_many_leases_are_renewed_in_batches(
     done.set()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
     assert await keys_per_node(raw, namespace) == [[]] * 5
+
+
+async def test_fan_outs_share_one_loop_timer_per_timeout(client: aiodlock.Client) -> None:
+    # Each acquire and release waits for the nodes at most a timeout; the waits of one
+    # timeout share ONE loop timer (re-armed when it fires) instead of one timer each.
+    loop = asyncio.get_running_loop()
+    armed: list[object] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: object, *args: object, **kwargs: object) -> object:
+        if getattr(callback, "__module__", "") == "aiodlock.backends.redlock":
+            armed.append(callback)
+        return call_at(when, callback, *args, **kwargs)  # type: ignore[arg-type]
+
+    lock = client.lock("timers")
+    await lock.acquire()  # (connections made, scripts loaded)
+    await lock.release()
+    loop.call_at = counting  # type: ignore[method-assign,assignment]
+    try:
+        started = time.monotonic()
+        cycles = 300
+        for _ in range(cycles):
+            await lock.acquire()
+            await lock.release()
+        elapsed = time.monotonic() - started
+    finally:
+        del loop.call_at  # type: ignore[method-assign]
+    node_timeout = backend_of(client).node_timeout(client.config.watchdog_ttl)
+    # At most one timer per node_timeout window for the acquires and one per op_timeout
+    # for the releases (plus one each to start), not 2 x 300.
+    assert len(armed) <= elapsed / node_timeout + elapsed / client.config.op_timeout + 4
+    assert len(armed) < cycles / 2
+    queues = backend_of(client)._queues
+    assert all(len(queue.entries) <= 2 for queue in queues.values())
