@@ -161,6 +161,8 @@ class Pipe(asyncio.Protocol):
         self._reader = hiredis.Reader(replyError=ReplyError)
         self._waiting: collections.deque[OnReply] = collections.deque()
         self._sent_at: collections.deque[float] = collections.deque()
+        #: The script of each request sent by :meth:`send_eval` (None for the others).
+        self._evals: collections.deque[ScriptCall | None] = collections.deque()
         #: Why the connection is unusable, once it is.
         self.broken: BaseException | None = None
 
@@ -182,6 +184,12 @@ class Pipe(asyncio.Protocol):
                 return
             self._sent_at.popleft()
             callback = waiting.popleft()
+            call = self._evals.popleft()
+            if call is not None and type(reply) is ReplyError and str(reply).startswith("NOSCRIPT"):
+                # NOTE: NOSCRIPT means it did not run: send it again with its source (only
+                # after a SCRIPT FLUSH: every connection loads the scripts first).
+                self.send_one(call.with_source(), callback)
+                continue
             try:
                 callback(reply)
             except Exception:  # pragma: no cover - a bug in a callback must not desync us
@@ -215,6 +223,7 @@ class Pipe(asyncio.Protocol):
         waiting = list(self._waiting)
         self._waiting.clear()
         self._sent_at.clear()
+        self._evals.clear()
         for callback in waiting:
             try:
                 callback(self.broken)
@@ -237,19 +246,25 @@ class Pipe(asyncio.Protocol):
         for callback in callbacks:
             self._waiting.append(callback)
             self._sent_at.append(now)
+            self._evals.append(None)
         if self._timer is None and self.op_timeout is not None:
             self._arm(now + self.op_timeout)
         assert self.transport is not None
         self.transport.write(data)
 
-    def send_one(self, data: bytes, callback: OnReply) -> None:
-        """:meth:`send` for one command and its callback (the hot path: no list)."""
+    def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
+        """:meth:`send` for one command and its callback (the hot path: no list).
+
+        ``call``: the command is that script's EVALSHA; if the server answers NOSCRIPT, it is
+        sent again with the script's source and ``callback`` gets that answer.
+        """
         if self.broken is not None:
             callback(self.broken)
             return
         now = monotonic()
         self._waiting.append(callback)
         self._sent_at.append(now)
+        self._evals.append(call)
         if self._timer is None and self.op_timeout is not None:
             self._arm(now + self.op_timeout)
         assert self.transport is not None
@@ -450,7 +465,7 @@ class Link:
             transport = pipe.transport
             if transport is not None and not transport.is_closing():
                 # (what _usable() checks, inline: this is every lock operation's path)
-                pipe.send_one(call.data, self._on_eval(call, deliver))
+                pipe.send_one(call.data, deliver, call)
                 return
         self.send(call.data, [self._on_eval(call, deliver)])
 

@@ -145,7 +145,17 @@ def _ms(seconds: float) -> int:
 class _Node:
     """One Redis master: its pipelined link, its pub/sub hub, its standing."""
 
-    __slots__ = ("address", "counts_after", "hub", "index", "label", "link", "pool", "secrets")
+    __slots__ = (
+        "_silent",
+        "address",
+        "counts_after",
+        "hub",
+        "index",
+        "label",
+        "link",
+        "pool",
+        "secrets",
+    )
 
     def __init__(self, index: int, address: str, secrets: tuple[str, ...]) -> None:
         self.index = index
@@ -157,9 +167,27 @@ class _Node:
         self.link: Link
         self.pool: aioredis.ConnectionPool
         self.hub: PubSubHub
+        self._silent: dict[tuple[str, float], BackendTimeout] = {}
 
     def counts(self, now: float) -> bool:
         return now >= self.counts_after
+
+    def no_answer(self, what: str, timeout: float) -> BackendTimeout:
+        """The outcome of a request this node did not answer in time (never raised here).
+
+        NOTE: made once per kind: a fan-out that is decided by a majority leaves the slower
+        nodes "unanswered" on every lock operation, and formatting a new exception each time
+        is a measurable part of an uncontended acquire.
+        """
+        key = (what, timeout)
+        error = self._silent.get(key)
+        if error is None:
+            if len(self._silent) >= 64:
+                self._silent.clear()
+            error = self._silent[key] = BackendTimeout(
+                f"{self.label}: {what}: no answer within {timeout:g} s"
+            )
+        return error
 
     @contextlib.contextmanager
     def translate(self, what: str) -> Iterator[None]:
@@ -333,6 +361,7 @@ class RedlockBackend(Backend):
         #: timeout -> the fan-outs waiting that long (one loop timer per queue)
         self._queues: dict[float, _Expiries] = {}
         self._keys: dict[str, LockKeys] = {}  # a small cache
+        self._calls: dict[tuple[str, str, int], ScriptCall] = {}  # (name, owner, ms): ACQUIRE
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -532,7 +561,7 @@ class RedlockBackend(Backend):
     async def _fan_out(
         self,
         nodes: Sequence[_Node],
-        request: Callable[[_Node, OnReply], None],
+        request: ScriptCall | Callable[[_Node, OnReply], None],
         *,
         what: str,
         timeout: float,
@@ -541,6 +570,8 @@ class RedlockBackend(Backend):
         vote: Vote | None = None,
     ) -> list[Outcome]:
         """Send ``request(node, deliver)`` to every node at once; one :data:`Outcome` each.
+
+        ``request`` may also be a :class:`ScriptCall`: every node runs that script.
 
         Waits until every node answered, at most ``timeout``.  With ``patience``, waits that
         long for all of them, then only until the fan-out is decided: by ``vote`` (a
@@ -557,7 +588,7 @@ class RedlockBackend(Backend):
     def _start_fan_out(
         self,
         nodes: Sequence[_Node],
-        request: Callable[[_Node, OnReply], None],
+        request: ScriptCall | Callable[[_Node, OnReply], None],
         *,
         decided: Callable[[list[Any]], bool] | None = None,
         vote: Vote | None = None,
@@ -569,8 +600,14 @@ class RedlockBackend(Backend):
             check = decided
             replies = gather.replies
             gather.check = lambda: check(replies)
-        for index, node in enumerate(nodes):
-            request(node, functools.partial(gather.deliver, index))
+        deliver = gather.deliver
+        if type(request) is ScriptCall:
+            for index, node in enumerate(nodes):
+                node.link.eval(request, functools.partial(deliver, index))
+        else:
+            assert callable(request)
+            for index, node in enumerate(nodes):
+                request(node, functools.partial(deliver, index))
         return gather
 
     async def _finish_fan_out(
@@ -612,7 +649,7 @@ class RedlockBackend(Backend):
             if reply is _NO_ANSWER:
                 # Not a failure of the driver: the node is slow, or the fan-out did not
                 # need its answer (it comes later and is dropped).
-                out.append(BackendTimeout(f"{node.label}: {what}: no answer within {timeout:g} s"))
+                out.append(node.no_answer(what, timeout))
             elif isinstance(reply, BaseException):
                 out.append(node.error(reply, what))
             else:
@@ -731,7 +768,7 @@ class RedlockBackend(Backend):
         owner = request.owner
         ttl = request.ttl
         timeout = self.node_timeout(ttl)
-        call = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, _ms(ttl)))
+        call = self._acquire_call(keys, owner, ttl)
 
         def vote(index: int, reply: Any) -> bool:
             # NOTE: a majority of yes is enough: the other nodes' answers still come (in
@@ -745,7 +782,7 @@ class RedlockBackend(Backend):
         started = monotonic()
         outcomes = await self._fan_out(
             nodes,
-            lambda node, deliver: node.link.eval(call, deliver),
+            call,
             what="acquire",
             timeout=timeout,
             patience=0.0,
@@ -805,6 +842,17 @@ class RedlockBackend(Backend):
                 self._prune_pauses()
         return Busy(pause)
 
+    def _acquire_call(self, keys: LockKeys, owner: str, ttl: float) -> ScriptCall:
+        """The ACQUIRE script for ``owner``, packed once (an owner retries, re-acquires)."""
+        ms = _ms(ttl)
+        index = (keys.name, owner, ms)
+        call = self._calls.get(index)
+        if call is None:
+            if len(self._calls) >= 4096:
+                self._calls.clear()
+            call = self._calls[index] = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
+        return call
+
     def _prune_pauses(self) -> None:
         now = monotonic()
         for key, until in list(self._not_before.items()):
@@ -824,7 +872,7 @@ class RedlockBackend(Backend):
         call = ScriptCall(RAISE_COUNTER, (keys.counter,), (token,))
         outcomes = await self._fan_out(
             lagging,
-            lambda node, deliver: node.link.eval(call, deliver),
+            call,
             what="raise the fencing counter",
             timeout=timeout,
         )
@@ -844,7 +892,7 @@ class RedlockBackend(Backend):
         )
         return await self._fan_out(
             nodes,
-            lambda node, deliver: node.link.eval(call, deliver),
+            call,
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -1043,8 +1091,8 @@ class RedlockBackend(Backend):
                 # the next attempt for it: the releasing task must not barge back in.
                 self._board.wake_direct(d.channel_key)
                 self._handoffs[d.channel_key] = monotonic() + self._handoff_window
-        yes = sum(1 for o in outcomes if o == 1)
-        no = sum(1 for o in outcomes if o == 0)
+        yes = outcomes.count(1)
+        no = outcomes.count(0)
         if yes >= quorum:
             return True
         if no > n - quorum:
@@ -1076,7 +1124,7 @@ class RedlockBackend(Backend):
         call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
         outcomes = await self._fan_out(
             nodes,
-            lambda node, deliver: node.link.eval(call, deliver),
+            call,
             what="status",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -1112,7 +1160,7 @@ class RedlockBackend(Backend):
         )
         outcomes = await self._fan_out(
             nodes,
-            lambda node, deliver: node.link.eval(call, deliver),
+            call,
             what="force_release",
             timeout=self.config.op_timeout,
             patience=self._patience,
