@@ -109,7 +109,8 @@ class Watchdog:
         if earliest < self._wake_at:
             self._wake_at = earliest
             self._poke.set()
-        self._compact()
+        if len(self._renewals) > 1024 or len(self._expiries) > 1024:
+            self._compact()
 
     def _compact(self) -> None:
         # Released holds leave stale entries behind until they are due; drop them when

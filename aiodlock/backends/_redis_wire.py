@@ -37,6 +37,7 @@ from ._redis_scripts import Script
 __all__ = [
     "WIRE_ERRORS",
     "Address",
+    "CallTemplate",
     "EvalPacker",
     "Link",
     "NodeConnectionError",
@@ -133,6 +134,35 @@ class ScriptCall:
     def with_source(self) -> bytes:
         """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
         return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
+
+
+class CallTemplate:
+    """Calls of one script that differ in ONE argument: the rest is packed once.
+
+    A lock's release repeats its script, keys, owner and channels; only the token changes.
+    """
+
+    __slots__ = ("_head", "_tail", "args", "keys", "script", "slot")
+
+    def __init__(
+        self, script: Script, keys: Sequence[bytes], args: Sequence[Arg], slot: int
+    ) -> None:
+        self.script = script
+        self.keys = tuple(keys)
+        self.args = tuple(args)
+        self.slot = slot
+        start: list[Arg] = [b"EVALSHA", script.sha, len(keys), *keys, *args[:slot]]
+        self._head = b"*%d\r\n" % (len(start) + len(args) - slot) + b"".join(
+            [_bulk(a) for a in start]
+        )
+        self._tail = b"".join([_bulk(a) for a in args[slot + 1 :]])
+
+    def fill(self, value: Arg) -> ScriptCall:
+        """The call with ``value`` as argument number ``slot``."""
+        args = (*self.args[: self.slot], value, *self.args[self.slot + 1 :])
+        call = ScriptCall(self.script, self.keys, args)
+        call._data = self._head + _bulk(value) + self._tail
+        return call
 
 
 def _settle(future: asyncio.Future[Any], reply: Any) -> None:

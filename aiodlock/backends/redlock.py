@@ -78,7 +78,7 @@ from ._redis_scripts import (
     LockKeys,
     Script,
 )
-from ._redis_wire import WIRE_ERRORS, Address, Link, OnReply, ScriptCall, pack
+from ._redis_wire import WIRE_ERRORS, Address, CallTemplate, Link, OnReply, ScriptCall, pack
 from .redis import PubSubHub, no_retry, ssl_context_factory, take_ssl_options
 
 __all__ = ["RAISE_COUNTER", "REJOIN", "RedlockBackend"]
@@ -362,6 +362,7 @@ class RedlockBackend(Backend):
         self._queues: dict[float, _Expiries] = {}
         self._keys: dict[str, LockKeys] = {}  # a small cache
         self._calls: dict[tuple[str, str, int], ScriptCall] = {}  # (name, owner, ms): ACQUIRE
+        self._releases: dict[tuple[str, str], CallTemplate] = {}  # (name, owner): RELEASE
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -853,6 +854,21 @@ class RedlockBackend(Backend):
             call = self._calls[index] = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
         return call
 
+    def _release_template(self, keys: LockKeys, owner: str) -> CallTemplate:
+        """The RELEASE script for ``owner``, packed but for the token (it differs per node)."""
+        index = (keys.name, owner)
+        template = self._releases.get(index)
+        if template is None:
+            if len(self._releases) >= 4096:
+                self._releases.clear()
+            template = self._releases[index] = CallTemplate(
+                RELEASE,
+                (keys.lock, keys.queue, keys.deadlines),
+                (owner, "", keys.channel, keys.waiter_prefix),
+                1,
+            )
+        return template
+
     def _prune_pauses(self) -> None:
         now = monotonic()
         for key, until in list(self._not_before.items()):
@@ -1055,17 +1071,15 @@ class RedlockBackend(Backend):
         if not self._nodes or not isinstance(grant.data, _GrantData):
             return self._release_failed(grant)
         d = grant.data
-        owner = grant.owner
-        k = (d.keys.lock, d.keys.queue, d.keys.deadlines)
+        template = self._release_template(d.keys, grant.owner)
+        tokens = d.tokens
         made: dict[str, ScriptCall] = {}
 
         def call(node: _Node, deliver: OnReply) -> None:
-            token = d.tokens.get(node.index, "")
+            token = tokens.get(node.index, "")
             c = made.get(token)
             if c is None:
-                c = made[token] = ScriptCall(
-                    RELEASE, k, (owner, token, d.keys.channel, d.keys.waiter_prefix)
-                )
+                c = made[token] = template.fill(token)
             node.link.eval(c, deliver)
 
         gather = self._start_fan_out(self._nodes, call, vote=_released)
@@ -1230,8 +1244,14 @@ class _Gather:
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        if not self.left or self.enough():
+        if not self.left:
             waiter.set_result(None)
+        elif self.armed and (
+            self.yes >= self.need or self.no > self.spare
+            if vote is not None
+            else self.check is not None and self.check()
+        ):
+            waiter.set_result(None)  # decided (what enough() says, inline: every reply)
 
     def enough(self) -> bool:
         if not self.armed:

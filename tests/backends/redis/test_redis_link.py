@@ -12,7 +12,7 @@ from redis.asyncio.connection import Connection
 
 import aiodlock
 from aiodlock.backends._redis_scripts import RELEASE, LockKeys
-from aiodlock.backends._redis_wire import EvalPacker, ScriptCall, pack
+from aiodlock.backends._redis_wire import CallTemplate, EvalPacker, ScriptCall, pack
 
 from .redis_helpers import HANG, ClientFactory, backend_of
 
@@ -50,6 +50,20 @@ def test_the_eval_packer_reuses_heads_and_stays_exact() -> None:
     for i in range(5):  # more (script, keys) pairs than the limit: still exact
         other = (b"x%d" % i,)
         assert packer(RELEASE, other, ("o",)) == pack(b"EVALSHA", RELEASE.sha, 1, *other, "o")
+
+
+@pytest.mark.parametrize("slot", [0, 1, 3])
+def test_a_call_template_packs_the_same_bytes_as_a_call(slot: int) -> None:
+    keys = LockKeys("ns", "x{y} ü")
+    k = (keys.lock, keys.queue, keys.deadlines)
+    args: tuple[Any, ...] = ("owner:1", "", keys.channel, keys.waiter_prefix)
+    template = CallTemplate(RELEASE, k, args, slot)
+    for value in ("", "12", "ünï", 2**40):
+        filled = (*args[:slot], value, *args[slot + 1 :])
+        call = template.fill(value)
+        assert call.data == pack(b"EVALSHA", RELEASE.sha, 3, *k, *filled)
+        assert call.args == filled  # (what a NOSCRIPT resend sends)
+        assert call.keys == k
 
 
 def test_the_link_is_used_only_where_nothing_needs_redis_py() -> None:
