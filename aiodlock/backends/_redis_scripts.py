@@ -43,6 +43,7 @@ __all__ = [
     "RELEASE_TRANSFER",
     "RENEW",
     "STATUS",
+    "KeyTable",
     "LockKeys",
     "Script",
     "escape_name",
@@ -104,6 +105,26 @@ class LockKeys:
 
     def __repr__(self) -> str:
         return f"<LockKeys {self.lock!r}>"
+
+
+class KeyTable:
+    """:class:`LockKeys` by name for one namespace, made once (a bounded cache: a lock's
+    calls repeat their keys, and building them costs a dozen byte concatenations)."""
+
+    __slots__ = ("_known", "limit", "namespace")
+
+    def __init__(self, namespace: str, limit: int = 4096) -> None:
+        self.namespace = namespace
+        self.limit = limit
+        self._known: dict[str, LockKeys] = {}
+
+    def __call__(self, name: str) -> LockKeys:
+        keys = self._known.get(name)
+        if keys is None:
+            if len(self._known) >= self.limit:
+                self._known.clear()
+            keys = self._known[name] = LockKeys(self.namespace, name)
+        return keys
 
 
 # -- shared Lua fragments ---------------------------------------------------------------------

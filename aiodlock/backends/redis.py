@@ -79,6 +79,7 @@ from ._redis_scripts import (
     RELEASE_TRANSFER,
     RENEW,
     STATUS,
+    KeyTable,
     LockKeys,
     Script,
 )
@@ -1199,7 +1200,7 @@ class RedisBackend(Backend):
         self._namespace = config.namespace
         self._lease_waiter_ms = _ms(config.watchdog_ttl)
         self._board = WakeupBoard()
-        self._keys: dict[str, LockKeys] = {}  # a small cache
+        self._keys = KeyTable(config.namespace)
         self._client: AnyRedis | None = None
         self._owns_client = settings.client is None
         self._sentinel: Sentinel | None = None
@@ -1505,12 +1506,7 @@ class RedisBackend(Backend):
 
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` in this backend's namespace."""
-        keys = self._keys.get(name)
-        if keys is None:
-            if len(self._keys) >= 4096:
-                self._keys.clear()
-            keys = self._keys[name] = LockKeys(self._namespace, name)
-        return keys
+        return self._keys(name)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name = request.name

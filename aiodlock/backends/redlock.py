@@ -75,6 +75,7 @@ from ._redis_scripts import (
     RELEASE,
     RENEW,
     STATUS,
+    KeyTable,
     LockKeys,
     Script,
 )
@@ -360,7 +361,7 @@ class RedlockBackend(Backend):
         self._patience = self.node_timeout(config.watchdog_ttl)
         #: timeout -> the fan-outs waiting that long (one loop timer per queue)
         self._queues: dict[float, _Expiries] = {}
-        self._keys: dict[str, LockKeys] = {}  # a small cache
+        self._keys = KeyTable(config.namespace)
         self._calls: dict[tuple[str, str, int], ScriptCall] = {}  # (name, owner, ms): ACQUIRE
         self._releases: dict[tuple[str, str], CallTemplate] = {}  # (name, owner): RELEASE
 
@@ -696,12 +697,7 @@ class RedlockBackend(Backend):
 
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` (the same on every node)."""
-        keys = self._keys.get(name)
-        if keys is None:
-            if len(self._keys) >= 4096:
-                self._keys.clear()
-            keys = self._keys[name] = LockKeys(self._namespace, name)
-        return keys
+        return self._keys(name)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         keys = self.keys_for(request.name)
