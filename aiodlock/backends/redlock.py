@@ -134,6 +134,32 @@ return tonumber(from) - now
 _SCRIPTS: Final = (*ALL_SCRIPTS, RAISE_COUNTER)
 
 
+def _take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ...] | None:
+    """The ``passwords`` option: one password (or None) per node, in the URL's order.
+
+    A keyword argument only (a list): a query parameter would put every secret in the URL.
+    """
+    value = options.pop("passwords", None)
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ConfigurationError(
+            "option 'passwords' needs a list with one password (or None) per node, in the "
+            "URL's order, given as a keyword argument (not in the URL)"
+        )
+    if len(value) != nodes:
+        raise ConfigurationError(
+            f"option 'passwords' has {len(value)} entries for {nodes} nodes: give one per "
+            f"node, in the URL's order (None for a node without a password)"
+        )
+    for item in value:
+        if item is not None and not isinstance(item, str):
+            raise ConfigurationError(
+                f"option 'passwords' needs strings (or None), got a {type(item).__name__}"
+            )
+    return tuple(value)
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000 + 0.5))
 
@@ -308,6 +334,8 @@ class _Settings:
     db: int
     username: str | None
     password: str | None = dataclasses.field(repr=False)
+    #: one password per node (URL order), when they differ; else None
+    passwords: tuple[str | None, ...] | None = dataclasses.field(repr=False)
     node_timeout: float | None
     drift_factor: float
     retry_delay: float
@@ -357,7 +385,8 @@ class RedlockBackend(Backend):
         self._handoff_window = min(0.1, config.op_timeout)
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
-        self.secrets = (settings.password,) if settings.password else ()
+        every = (settings.password, *(settings.passwords or ()))
+        self.secrets = tuple(p for p in every if p)
         self._patience = self.node_timeout(config.watchdog_ttl)
         #: timeout -> the fan-outs waiting that long (one loop timer per queue)
         self._queues: dict[float, _Expiries] = {}
@@ -389,6 +418,12 @@ class RedlockBackend(Backend):
             )
         db = int(path) if path else 0
         password = take_str(options, "password", url.password, secret=True)
+        passwords = _take_passwords(options, len(hosts))
+        if passwords is not None and password is not None:
+            raise ConfigurationError(
+                "give either 'password' (the same on every node) or 'passwords' (one per "
+                "node), not both"
+            )
         username = take_str(options, "username", url.username)
         node_timeout = take_float(options, "node_timeout", None, allow_zero=False, allow_none=True)
         if node_timeout is not None and node_timeout * 2 > config.watchdog_ttl:
@@ -417,6 +452,7 @@ class RedlockBackend(Backend):
             db=db,
             username=username,
             password=password,
+            passwords=passwords,
             node_timeout=node_timeout,
             drift_factor=drift_factor,
             retry_delay=retry_delay,
@@ -455,6 +491,7 @@ class RedlockBackend(Backend):
 
     def _build_node(self, index: int, host: str, port: int) -> _Node:
         s = self.settings
+        password = s.password if s.passwords is None else s.passwords[index]
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         node = _Node(index, address, self.secrets)
         tls = ssl_context_factory(s.ssl) if s.tls else None
@@ -464,7 +501,7 @@ class RedlockBackend(Backend):
             connect_timeout=self.config.connect_timeout,
             op_timeout=self.config.op_timeout,
             username=s.username,
-            password=s.password,
+            password=password,
             db=s.db,
             scripts=_SCRIPTS,
             extra=self._rejoin_check if s.rejoin_delay > 0 else None,
@@ -480,7 +517,7 @@ class RedlockBackend(Backend):
             port=port,
             db=s.db,
             username=s.username,
-            password=s.password,
+            password=password,
             socket_timeout=None,
             socket_connect_timeout=self.config.connect_timeout,
             retry=no_retry(),

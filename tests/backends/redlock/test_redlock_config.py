@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
+import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends._base import Capability
@@ -77,6 +78,11 @@ def test_options_from_query_and_keywords() -> None:
         ("redlock://a?sync_replicas=1", {}, "sync_replicas"),
         ("redlock://a", {"ssl_ca_certs": "/ca.crt"}, "need ssl=True"),
         ("redlock://a", {"ssl": True, "ssl_cert_reqs": "maybe"}, "ssl_cert_reqs"),
+        ("redlock://a,b", {"passwords": ["x"]}, "1 entries for 2 nodes"),
+        ("redlock://a,b", {"passwords": "x,y"}, "keyword argument"),
+        ("redlock://a?passwords=x", {}, "keyword argument"),
+        ("redlock://a", {"passwords": [b"x"]}, "strings"),
+        ("redlock://:p@a", {"passwords": ["x"]}, "not both"),
     ],
 )
 def test_bad_configuration(url: str, options: dict[str, object], match: str) -> None:
@@ -101,6 +107,40 @@ def test_password_is_never_shown() -> None:
     b2 = backend("redlock://a,b,c", password="kw-secret")
     assert b2.settings.password == "kw-secret"
     assert "kw-secret" not in repr(b2)
+
+
+def test_per_node_passwords_are_never_shown() -> None:
+    b = backend("redlock://a,b,c", passwords=["pw-one", None, "pw-three"])
+    assert b.settings.passwords == ("pw-one", None, "pw-three")
+    assert b.secrets == ("pw-one", "pw-three")
+    for text in (repr(b), b.describe(), repr(b.settings)):
+        assert "pw-one" not in text
+        assert "pw-three" not in text
+
+
+async def test_per_node_passwords(
+    redis_many: Callable[..., RedisGroup], caplog: pytest.LogCaptureFixture
+) -> None:
+    group = redis_many(3, password="pw-0")
+    for index in (1, 2):  # every node its own password
+        raw = aioredis.Redis(host=group[index].host, port=group[index].port, password="pw-0")
+        await raw.config_set("requirepass", f"pw-{index}")
+        await raw.aclose()
+    right = ["pw-0", "pw-1", "pw-2"]
+    client = aiodlock.connect("redlock://" + group.hosts, passwords=right, connect_timeout=3)
+    async with client, client.lock("per-node") as lease:
+        assert lease.token >= 1
+        assert await client.status("per-node") is not None
+    # One node's password wrong: a minority fails (a warning that shows no password), the
+    # other two still make a majority.
+    caplog.set_level(logging.WARNING, logger="aiodlock")
+    wrong = ["pw-0", "pw-1", "not-this-one"]
+    client = aiodlock.connect("redlock://" + group.hosts, passwords=wrong, connect_timeout=3)
+    async with client, client.lock("per-node") as lease:
+        assert lease.token >= 2
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any("is not answering" in m and "auth" in m.lower() for m in warnings), warnings
+    assert not any(p in m for m in warnings for p in (*right, "not-this-one"))
 
 
 async def test_open_fails_without_a_majority() -> None:
