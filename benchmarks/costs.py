@@ -7,8 +7,10 @@ alternate the variants:
   time from a raw blocking socket (no client library at all): two PINGs, the floor's
   ``SET NX PX`` + compare-and-delete script, aiodlock's acquire + release scripts;
 - ``transport``: the floor's two commands sent through redis-py's ``Connection`` and through
-  an asyncio protocol with the hiredis reader (aiodlock's ``_redis_wire.Pipe``): wall time
-  and this process's user/system CPU per cycle;
+  an asyncio protocol with the hiredis reader (aiodlock's ``_redis_wire.Pipe``), and
+  aiodlock's acquire + release scripts through the same protocol (the same client code:
+  what differs is the server's work): wall time and this process's user/system CPU per
+  cycle;
 - ``redlock``: aiodlock's ``redlock://`` on five fresh servers, one task acquiring and
   releasing one name: this process's CPU and the five servers' CPU per cycle.
 """
@@ -28,7 +30,7 @@ from typing import Any
 import hiredis
 
 from aiodlock.backends import _redis_scripts as scripts
-from aiodlock.backends._redis_wire import Pipe, pack, resolver
+from aiodlock.backends._redis_wire import Pipe, ScriptCall, pack, resolver
 
 from .server import redis_server, temporary_server
 
@@ -131,14 +133,35 @@ async def transport_cost(rounds: int, cycles: int) -> None:
                 await conn.read_response()
 
         commands = ((b"SET", b"k", b"t", b"NX", b"PX", 30000), (b"EVALSHA", sha, 1, b"k", b"t"))
+        floor_packed = [pack(*args) for args in commands]
+        for script in (scripts.ACQUIRE, scripts.RELEASE):
+            future: asyncio.Future[Any] = loop.create_future()
+            pipe.send(pack(b"SCRIPT", b"LOAD", script.source), [resolver(future)])
+            await future
+        keys = scripts.LockKeys("aiodlock", "costs")
+        ours_packed = [
+            ScriptCall(scripts.ACQUIRE, (keys.lock, keys.counter), ("o:1", 30000)).data,
+            ScriptCall(
+                scripts.RELEASE,
+                (keys.lock, keys.queue, keys.deadlines),
+                ("o:1", "", keys.channel, keys.waiter_prefix),
+            ).data,
+        ]
 
-        async def protocol() -> None:
-            for args in commands:
-                future: asyncio.Future[Any] = loop.create_future()
-                pipe.send(pack(*args), [resolver(future)])
-                await future
+        def protocol(packed: list[bytes]) -> Callable[[], Awaitable[None]]:
+            async def cycle() -> None:
+                for data in packed:
+                    future: asyncio.Future[Any] = loop.create_future()
+                    pipe.send(data, [resolver(future)])
+                    await future
 
-        variants = {"redis-py Connection": redis_py, "protocol + hiredis": protocol}
+            return cycle
+
+        variants = {
+            "redis-py Connection": redis_py,
+            "protocol + hiredis": protocol(floor_packed),
+            "protocol + hiredis, aiodlock's two scripts": protocol(ours_packed),
+        }
         rows: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
         for _ in range(rounds):
             for name, cycle in variants.items():
@@ -146,7 +169,7 @@ async def transport_cost(rounds: int, cycles: int) -> None:
         pipe.close(ConnectionError("done"))
         await conn.disconnect()
     _median_table(
-        "transport: the floor's two commands from this process",
+        "transport: two requests per cycle from this process",
         rows,
         ["wall µs/cycle", "user CPU µs/cycle", "system CPU µs/cycle"],
     )
