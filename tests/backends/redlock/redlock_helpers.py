@@ -49,3 +49,31 @@ async def holders(raws: Sequence[aioredis.Redis], key: bytes) -> list[dict[bytes
         except (OSError, TimeoutError, aioredis.RedisError):
             out.append(None)
     return out
+
+
+async def no_keys_left(
+    raws: Sequence[aioredis.Redis], namespace: str, *, timeout: float = HANG, what: str = ""
+) -> None:
+    """Wait until no node holds a key of ``namespace`` (fencing counters aside).
+
+    A release (and an acquire) returns once a MAJORITY answered: the slower nodes' requests
+    are still on their way for a moment, so a look at every node right after it may see
+    their keys.  This waits for them, and fails after ``timeout``.
+    """
+
+    async def empty() -> bool:
+        return await keys_per_node(raws, namespace) == [[]] * len(raws)
+
+    await eventually(empty, timeout=timeout, what=what or "keys left on a node")
+
+
+async def held_everywhere(
+    raws: Sequence[aioredis.Redis], key: bytes, owner: str, token: int
+) -> None:
+    """Wait until every node holds ``key`` for ``owner`` with ``token`` (see no_keys_left)."""
+    expected = {owner.encode(): str(token).encode()}
+
+    async def held() -> bool:
+        return await holders(raws, key) == [expected] * len(raws)
+
+    await eventually(held, what=f"{key!r} held by {owner} on every node")

@@ -17,7 +17,15 @@ import aiodlock
 from aiodlock.backends._redis_scripts import LockKeys
 from tests.servers import RedisGroup
 
-from .redlock_helpers import HANG, ClientFactory, backend_of, eventually, holders, keys_per_node
+from .redlock_helpers import (
+    HANG,
+    ClientFactory,
+    backend_of,
+    eventually,
+    holders,
+    keys_per_node,
+    no_keys_left,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -245,16 +253,10 @@ async def test_cancelled_acquire_with_paused_nodes_leaves_no_keys(
             five[i].resume()
     # The paused nodes run the attempt and then its clean-up, in that order (one connection
     # per node): nothing is left behind anywhere.
-    await eventually(
-        lambda: _all_empty(raw, namespace), timeout=10.0, what="keys left on the resumed nodes"
-    )
+    await no_keys_left(raw, namespace, timeout=10.0, what="keys left on the resumed nodes")
     assert await a.lock("cancel-paused").try_acquire() is not None
     await a.lock("cancel-paused").release()
 
 
 async def _held_on(raws: list[aioredis.Redis], namespace: str) -> bool:
     return all(keys for keys in await keys_per_node(raws, namespace))
-
-
-async def _all_empty(raw: list[aioredis.Redis], namespace: str) -> bool:
-    return await keys_per_node(raw, namespace) == [[]] * 5

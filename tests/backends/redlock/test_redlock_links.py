@@ -12,7 +12,16 @@ import aiodlock
 from aiodlock.backends._redis_scripts import LockKeys
 from tests.servers import RedisGroup
 
-from .redlock_helpers import HANG, ClientFactory, backend_of, eventually, holders, keys_per_node
+from .redlock_helpers import (
+    HANG,
+    ClientFactory,
+    backend_of,
+    eventually,
+    held_everywhere,
+    holders,
+    keys_per_node,
+    no_keys_left,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -32,7 +41,9 @@ async def test_a_restarted_node_is_reconnected(
         await eventually(lambda: _holds(raw[0], namespace, second.owner), what="key on node 0")
     assert link.connections == 2
     assert second.token > first.token
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    # NOTE: a release returns once a majority released; the fresh node 0 is often the last
+    # to answer, so its key may still be there for a fraction of a millisecond.
+    await no_keys_left(raw, namespace, what="every node's keys gone after the release")
 
 
 async def _answers(r: aioredis.Redis) -> bool:
@@ -54,10 +65,9 @@ async def test_scripts_flushed_from_the_servers_are_sent_again(
     for r in raw:
         await r.script_flush()
     async with client.lock("flush") as lease:  # NOSCRIPT -> EVAL with the source
-        found = await holders(raw, LockKeys(namespace, "flush").lock)
-        assert found == [{lease.owner.encode(): str(lease.token).encode()}] * 5
+        await held_everywhere(raw, LockKeys(namespace, "flush").lock, lease.owner, lease.token)
         assert await client.status("flush") is not None
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace)
 
 
 @pytest.mark.slow
@@ -84,11 +94,7 @@ async def test_a_stuck_node_gets_a_new_connection_after_op_timeout(
 
     await eventually(node_4_is_used_again, what="node 4 back in use")
     assert link.connections >= 2
-    await eventually(lambda: _all_empty(raw, namespace), what="keys left on node 4")
-
-
-async def _all_empty(raw: list[aioredis.Redis], namespace: str) -> bool:
-    return await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace, what="keys left on node 4")
 
 
 @pytest.mark.slow
@@ -115,7 +121,7 @@ async def test_many_leases_are_renewed_in_batches(
     assert sum(len(keys) for keys in await keys_per_node(raw, namespace)) == 5 * n
     done.set()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace)
 
 
 async def test_fan_outs_share_one_loop_timer_per_timeout(client: aiodlock.Client) -> None:

@@ -11,7 +11,16 @@ import redis.asyncio as aioredis
 import aiodlock
 from aiodlock.backends._redis_scripts import LockKeys
 
-from .redlock_helpers import HANG, ClientFactory, backend_of, eventually, holders, keys_per_node
+from .redlock_helpers import (
+    HANG,
+    ClientFactory,
+    backend_of,
+    eventually,
+    held_everywhere,
+    holders,
+    keys_per_node,
+    no_keys_left,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -21,8 +30,7 @@ async def test_grant_is_on_every_node_and_release_removes_it(
 ) -> None:
     keys = LockKeys(namespace, "orders:42")
     async with client.lock("orders:42") as lease:
-        found = await holders(raw, keys.lock)
-        assert all(h == {lease.owner.encode(): str(lease.token).encode()} for h in found), found
+        await held_everywhere(raw, keys.lock, lease.owner, lease.token)
         for r in raw:
             pttl = await r.pttl(keys.lock)
             assert 25_000 < pttl <= 30_000
@@ -34,7 +42,7 @@ async def test_grant_is_on_every_node_and_release_removes_it(
         assert (status.owner, status.token) == (lease.owner, lease.token)
         assert status.expires_in is not None
         assert 25 < status.expires_in <= 30
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace)
     assert await client.status("orders:42") is None
 
 
@@ -123,15 +131,9 @@ async def test_cancelled_in_the_middle_of_the_fan_out_leaves_no_keys(
         pass
     # Either the cancellation won (clean-up) or the grant did (the finished task's hold is
     # released by the client): in both cases every node ends up empty.
-    await eventually(
-        lambda: _empty(raw, namespace), what="keys left behind after a cancelled acquire"
-    )
+    await no_keys_left(raw, namespace, what="keys left behind after a cancelled acquire")
     assert await client.lock("cancel").try_acquire() is not None
     await client.lock("cancel").release()
-
-
-async def _empty(raw: list[aioredis.Redis], namespace: str) -> bool:
-    return await keys_per_node(raw, namespace) == [[]] * 5
 
 
 async def test_waiter_is_woken_by_the_release_message(make_client: ClientFactory) -> None:
@@ -245,7 +247,7 @@ async def test_fixed_ttl_validity_and_expiry(
     assert lease.lost  # the fixed ttl ran out before b could take it
     assert got.token > lease.token
     await b.lock("ttl").release()
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace)
 
 
 async def test_force_release_is_a_loss_for_the_holder(
@@ -257,4 +259,4 @@ async def test_force_release_is_a_loss_for_the_holder(
         async with a.lock("victim"):
             assert await admin.force_release("victim")
             await asyncio.sleep(HANG)
-    assert await keys_per_node(raw, namespace) == [[]] * 5
+    await no_keys_left(raw, namespace)
