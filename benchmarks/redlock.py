@@ -41,7 +41,16 @@ from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
+from .runner import (
+    RESULTS_DIR,
+    _csv,
+    _loadavg,
+    save_run,
+    settle_side_args,
+    side_report_head,
+    side_rows,
+    target_lines,
+)
 from .server import log, temporary_server
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
@@ -73,7 +82,7 @@ def _sequential_backend_class() -> type[Any]:
         def _start_fan_out(
             self,
             nodes: Sequence[Any],
-            request: Callable[[Any, Callable[[Any], None]], None],
+            request: Any,  # a ScriptCall, or a callable(node, deliver)
             *,
             decided: Callable[[list[Any]], bool] | None = None,
             vote: Callable[[int, Any], bool | None] | None = None,
@@ -382,12 +391,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "| B: gap p50 ms | B: gap p99 ms | B: wait p99 ms | B: same owner | B: violations |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ADAPTERS:
-        a, b = res["A"].get(name), res["B"].get(name)
-        if a is None and b is None:
-            continue
-        a = a or {}
-        b = b or {}
+    for name, a, b in side_rows(res, ADAPTERS):
         lines.append(
             f"| {name} | {a.get('cycles_per_s', a.get('error', ''))} "
             f"| {a.get('cycle', {}).get('p50_ms', '')} "
@@ -428,14 +432,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults: dict[str, Any] = {"a_seconds": 0.1, "a_rounds": 60, "b_seconds": 5.0, "b_settle": 0.5}
     if args.quick:
         defaults.update(a_seconds=0.05, a_rounds=4, b_seconds=0.5, b_settle=0.1)
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    unknown = [a for a in args.adapters if a not in ADAPTERS]
-    if unknown:
-        p.error(f"unknown adapter(s) {', '.join(unknown)}; known: {', '.join(ADAPTERS)}")
-    args.name = args.name or ("redlock-quick" if args.quick else "redlock")
-    return args
+    return settle_side_args(p, args, defaults, ADAPTERS, "redlock")
 
 
 def main(argv: list[str] | None = None) -> int:

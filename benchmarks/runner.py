@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -759,6 +759,39 @@ def side_report_head(title: str, server_label: str, meta: dict[str, Any]) -> lis
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
         "",
     ]
+
+
+def settle_side_args(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    defaults: dict[str, Any],
+    adapters: Iterable[str],
+    stem: str,
+) -> argparse.Namespace:
+    """Fill a side benchmark's options left unset from ``defaults`` (the caller updates them
+    for ``--quick``), check the adapters asked for, and name the run ``stem`` (or
+    ``stem-quick``)."""
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    known = list(adapters)
+    unknown = [a for a in args.adapters if a not in known]
+    if unknown:
+        parser.error(f"unknown adapter(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    args.name = args.name or (f"{stem}-quick" if args.quick else stem)
+    return args
+
+
+def side_rows(
+    results: dict[str, Any], names: Iterable[str]
+) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """``(adapter, A result, B result)`` for each adapter of a side benchmark that ran (an
+    adapter that was not run in a workload gets an empty dict there)."""
+    for name in names:
+        a, b = results["A"].get(name), results["B"].get(name)
+        if a is None and b is None:
+            continue
+        yield name, a or {}, b or {}
 
 
 def target_lines(doc: dict[str, Any]) -> list[str]:

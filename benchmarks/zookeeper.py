@@ -31,7 +31,16 @@ from typing import Any, ClassVar
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import RESULTS_DIR, _csv, _loadavg, save_run, side_report_head, target_lines
+from .runner import (
+    RESULTS_DIR,
+    _csv,
+    _loadavg,
+    save_run,
+    settle_side_args,
+    side_report_head,
+    side_rows,
+    target_lines,
+)
 from .server import log, temporary_server
 
 __all__ = ["ADAPTERS", "main"]
@@ -530,12 +539,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "| B: acq/s | B: gap p50 ms | B: gap p99 ms | B: wait p99 ms | B: violations |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ADAPTERS:
-        a, b = res["A"].get(name), res["B"].get(name)
-        if a is None and b is None:
-            continue
-        a = a or {}
-        b = b or {}
+    for name, a, b in side_rows(res, ADAPTERS):
         lines.append(
             f"| {name} | {a.get('cycles_per_s', a.get('error', ''))} "
             f"| {a.get('median_cycles_per_s', '')} | {a.get('median_cycle_p50_ms', '')} "
@@ -595,14 +599,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     }
     if args.quick:
         defaults.update(a_seconds=0.3, a_rounds=1, b_seconds=0.5, waiters=[1, 4], releases=30)
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    unknown = [a for a in args.adapters if a not in ADAPTERS]
-    if unknown:
-        p.error(f"unknown adapter(s) {', '.join(unknown)}; known: {', '.join(ADAPTERS)}")
-    args.name = args.name or ("zookeeper-quick" if args.quick else "zookeeper")
-    return args
+    return settle_side_args(p, args, defaults, ADAPTERS, "zookeeper")
 
 
 def main(argv: list[str] | None = None) -> int:
