@@ -184,19 +184,42 @@ async def wakeups(
 
     clients = [aiodlock.connect(url, session_timeout=30) for _ in range(waiters + 1)]
     released = 0
+    entries = 0
     turns: set[int] = set()
     stop = False
     violations = 0
     inside = 0
+    # NOTE: the counters are read INSIDE the lock, by the holder that just entered: the
+    # wake-up that let it in has been counted and the next hand-off has not begun, so the
+    # window holds whole hand-offs.  (Read from outside, a hand-off's wake-up and its
+    # release could fall on either side of the window's edge: 13 wake-ups for 12 hand-offs.)
+    marks: dict[str, int] = {}
+    snaps: dict[str, tuple[tuple[int, int, int, int], float]] = {}
+    window_done = asyncio.Event()
+
+    def counters() -> tuple[int, int, int, int]:
+        stats = [c.backend.stats for c in clients if isinstance(c.backend, ZooKeeperBackend)]
+        return (
+            sum(s.wakeups for s in stats),
+            sum(s.lists for s in stats),
+            sum(s.creates for s in stats),
+            sum(s.fast_handoffs for s in stats),
+        )
 
     async def worker(index: int, client: aiodlock.Client) -> None:
-        nonlocal released, stop, violations, inside
+        nonlocal released, entries, stop, violations, inside
         lock = client.lock(name)
         while not stop:
             async with lock:
                 if inside:
                     violations += 1
                 inside += 1
+                entries += 1
+                for edge in ("start", "end"):
+                    if marks.get(edge) == entries:
+                        snaps[edge] = (counters(), perf())
+                        if edge == "end":
+                            window_done.set()
                 await asyncio.sleep(hold)
                 inside -= 1
             released += 1
@@ -210,15 +233,6 @@ async def wakeups(
             await asyncio.sleep(0.002)
         return True
 
-    def counters() -> tuple[int, int, int, int]:
-        stats = [c.backend.stats for c in clients if isinstance(c.backend, ZooKeeperBackend)]
-        return (
-            sum(s.wakeups for s in stats),
-            sum(s.lists for s in stats),
-            sum(s.creates for s in stats),
-            sum(s.fast_handoffs for s in stats),
-        )
-
     tasks: list[asyncio.Task[None]] = []
     try:
         for client in clients:
@@ -226,14 +240,12 @@ async def wakeups(
         tasks = [asyncio.create_task(worker(i, c)) for i, c in enumerate(clients)]
         warmed = await until(lambda: len(turns) == len(clients) and released >= 2 * len(clients))
         before_server = await asyncio.to_thread(_mntr, address)
-        w0, l0, c0, f0 = counters()
-        r0 = released
-        t0 = perf()
-        await until(lambda: released - r0 >= releases)
-        w1, l1, c1, f1 = counters()
-        r1 = released
+        server_r0 = released
+        marks["start"] = entries + 1
+        marks["end"] = entries + 1 + releases
+        await asyncio.wait_for(window_done.wait(), 60.0)
+        server_r1 = released
         after_server = await asyncio.to_thread(_mntr, address)
-        elapsed = perf() - t0
         stop = True
         await asyncio.wait(tasks, timeout=30)
     finally:
@@ -243,15 +255,19 @@ async def wakeups(
         for client in clients:
             with contextlib.suppress(Exception):
                 await client.close()
-    n = max(r1 - r0, 1)
+    (w0, l0, c0, f0), t0 = snaps["start"]
+    (w1, l1, c1, f1), t1 = snaps["end"]
+    n = releases  # the hand-offs between the two entries
+    elapsed = t1 - t0
+    server_n = max(server_r1 - server_r0, 1)  # (the server's counters are read from outside)
 
     def per(key: str) -> float:
-        return round((after_server.get(key, 0) - before_server.get(key, 0)) / n, 2)
+        return round((after_server.get(key, 0) - before_server.get(key, 0)) / server_n, 2)
 
     return {
         "waiters": waiters,
         "warmed_up": warmed,
-        "releases": r1 - r0,
+        "releases": n,
         "seconds": round(elapsed, 3),
         "wakeups_per_handoff": round((w1 - w0) / n, 3),
         "relistings_per_handoff": round(((l1 - l0) - (c1 - c0)) / n, 3),
