@@ -191,7 +191,8 @@ class Pipe(asyncio.Protocol):
         self._reader = hiredis.Reader(replyError=ReplyError)
         self._waiting: collections.deque[OnReply] = collections.deque()
         self._sent_at: collections.deque[float] = collections.deque()
-        #: The script of each request sent by :meth:`send_eval` (None for the others).
+        #: The script of each request (``send_one(..., call)``; None for the others): a
+        #: NOSCRIPT answer to it is sent again with the source.
         self._evals: collections.deque[ScriptCall | None] = collections.deque()
         #: Why the connection is unusable, once it is.
         self.broken: BaseException | None = None
