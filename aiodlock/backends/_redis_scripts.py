@@ -31,7 +31,10 @@ script, so that is allowed in scripts that write.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 __all__ = [
     "ABANDON",
@@ -43,11 +46,15 @@ __all__ = [
     "RELEASE_TRANSFER",
     "RENEW",
     "STATUS",
-    "KeyTable",
     "LockKeys",
+    "Memo",
     "Script",
     "escape_name",
+    "key_table",
 ]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,24 +114,30 @@ class LockKeys:
         return f"<LockKeys {self.lock!r}>"
 
 
-class KeyTable:
-    """:class:`LockKeys` by name for one namespace, made once (a bounded cache: a lock's
-    calls repeat their keys, and building them costs a dozen byte concatenations)."""
+class Memo(Generic[K, V]):
+    """``make(key)``, made once per key: a bounded table (cleared when full) for what the
+    lock calls repeat (a name's keys, a packed script call, an outcome)."""
 
-    __slots__ = ("_known", "limit", "namespace")
+    __slots__ = ("_made", "limit", "make")
 
-    def __init__(self, namespace: str, limit: int = 4096) -> None:
-        self.namespace = namespace
+    def __init__(self, make: Callable[[K], V], limit: int = 4096) -> None:
+        self.make = make
         self.limit = limit
-        self._known: dict[str, LockKeys] = {}
+        self._made: dict[K, V] = {}
 
-    def __call__(self, name: str) -> LockKeys:
-        keys = self._known.get(name)
-        if keys is None:
-            if len(self._known) >= self.limit:
-                self._known.clear()
-            keys = self._known[name] = LockKeys(self.namespace, name)
-        return keys
+    def __call__(self, key: K) -> V:
+        value = self._made.get(key)
+        if value is None:
+            if len(self._made) >= self.limit:
+                self._made.clear()
+            value = self._made[key] = self.make(key)
+        return value
+
+
+def key_table(namespace: str) -> Memo[str, LockKeys]:
+    """:class:`LockKeys` by name for one namespace (building them costs a dozen byte
+    concatenations, and a lock's calls repeat them)."""
+    return Memo(functools.partial(LockKeys, namespace))
 
 
 # -- shared Lua fragments ---------------------------------------------------------------------

@@ -32,7 +32,7 @@ import hiredis
 
 from .._errors import BackendTimeout
 from ._base import monotonic
-from ._redis_scripts import Script
+from ._redis_scripts import Memo, Script
 
 __all__ = [
     "WIRE_ERRORS",
@@ -84,29 +84,31 @@ def _bulk(arg: Arg) -> bytes:
 
 def pack(*args: Arg) -> bytes:
     """One command in the Redis protocol (RESP)."""
-    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+    return _head(len(args), args)
+
+
+def _head(count: int, first: Sequence[Arg]) -> bytes:
+    """The start of a command of ``count`` arguments: the count and the ``first`` ones."""
+    return b"*%d\r\n" % count + b"".join([_bulk(arg) for arg in first])
 
 
 class EvalPacker:
     """Packs ``EVALSHA sha numkeys keys... args...`` commands, keeping the part before the
     args of recent (script, keys) pairs: a lock's acquire and release repeat it."""
 
-    __slots__ = ("_heads", "_limit")
+    __slots__ = ("_heads",)
 
     def __init__(self, limit: int = 4096) -> None:
-        self._heads: dict[tuple[str, int, tuple[bytes, ...]], bytes] = {}
-        self._limit = limit
+        self._heads: Memo[tuple[str, int, tuple[bytes, ...]], bytes] = Memo(_eval_head, limit)
 
     def __call__(self, script: Script, keys: tuple[bytes, ...], args: Sequence[Arg]) -> bytes:
-        key = (script.sha, len(args), keys)
-        head = self._heads.get(key)
-        if head is None:
-            if len(self._heads) >= self._limit:
-                self._heads.clear()
-            start: list[Arg] = [b"EVALSHA", script.sha, len(keys), *keys]
-            head = b"*%d\r\n" % (len(start) + len(args)) + b"".join([_bulk(a) for a in start])
-            self._heads[key] = head
-        return head + b"".join([_bulk(arg) for arg in args])
+        return self._heads((script.sha, len(args), keys)) + b"".join([_bulk(a) for a in args])
+
+
+def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
+    """``EVALSHA sha numkeys keys...`` of a command with ``nargs`` arguments after them."""
+    sha, nargs, keys = index
+    return _head(3 + len(keys) + nargs, (b"EVALSHA", sha, len(keys), *keys))
 
 
 #: For :class:`ScriptCall` (a lock's calls repeat their script and keys).
@@ -151,9 +153,8 @@ class CallTemplate:
         self.keys = tuple(keys)
         self.args = tuple(args)
         self.slot = slot
-        start: list[Arg] = [b"EVALSHA", script.sha, len(keys), *keys, *args[:slot]]
-        self._head = b"*%d\r\n" % (len(start) + len(args) - slot) + b"".join(
-            [_bulk(a) for a in start]
+        self._head = _eval_head((script.sha, len(args), self.keys)) + b"".join(
+            [_bulk(a) for a in args[:slot]]
         )
         self._tail = b"".join([_bulk(a) for a in args[slot + 1 :]])
 
@@ -491,13 +492,10 @@ class Link:
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
-        pipe = self._pipe
-        if pipe is not None and pipe.broken is None:
-            transport = pipe.transport
-            if transport is not None and not transport.is_closing():
-                # (what _usable() checks, inline: this is every lock operation's path)
-                pipe.send_one(call.data, deliver, call)
-                return
+        pipe = self._usable()
+        if pipe is not None:
+            pipe.send_one(call.data, deliver, call)  # (NOSCRIPT is handled by the pipe)
+            return
         self.send(call.data, [self._on_eval(call, deliver)])
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:

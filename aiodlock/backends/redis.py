@@ -79,9 +79,9 @@ from ._redis_scripts import (
     RELEASE_TRANSFER,
     RENEW,
     STATUS,
-    KeyTable,
     LockKeys,
     Script,
+    key_table,
 )
 from ._redis_wire import Address, EvalPacker, Link, ReplyError, pack, resolver
 
@@ -1200,7 +1200,7 @@ class RedisBackend(Backend):
         self._namespace = config.namespace
         self._lease_waiter_ms = _ms(config.watchdog_ttl)
         self._board = WakeupBoard()
-        self._keys = KeyTable(config.namespace)
+        self._keys = key_table(config.namespace)
         self._client: AnyRedis | None = None
         self._owns_client = settings.client is None
         self._sentinel: Sentinel | None = None

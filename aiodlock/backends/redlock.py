@@ -75,9 +75,10 @@ from ._redis_scripts import (
     RELEASE,
     RENEW,
     STATUS,
-    KeyTable,
     LockKeys,
+    Memo,
     Script,
+    key_table,
 )
 from ._redis_wire import WIRE_ERRORS, Address, CallTemplate, Link, OnReply, ScriptCall, pack
 from .redis import PubSubHub, no_retry, ssl_context_factory, take_ssl_options
@@ -160,6 +161,21 @@ def _take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ..
     return tuple(value)
 
 
+def _acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
+    keys, owner, ms = index
+    return ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
+
+
+def _release_call(index: tuple[LockKeys, str]) -> CallTemplate:
+    keys, owner = index
+    return CallTemplate(
+        RELEASE,
+        (keys.lock, keys.queue, keys.deadlines),
+        (owner, "", keys.channel, keys.waiter_prefix),
+        1,
+    )
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000 + 0.5))
 
@@ -194,7 +210,7 @@ class _Node:
         self.link: Link
         self.pool: aioredis.ConnectionPool
         self.hub: PubSubHub
-        self._silent: dict[tuple[str, float], BackendTimeout] = {}
+        self._silent: Memo[tuple[str, float], BackendTimeout] = Memo(self._silence, limit=64)
 
     def counts(self, now: float) -> bool:
         return now >= self.counts_after
@@ -206,15 +222,10 @@ class _Node:
         nodes "unanswered" on every lock operation, and formatting a new exception each time
         is a measurable part of an uncontended acquire.
         """
-        key = (what, timeout)
-        error = self._silent.get(key)
-        if error is None:
-            if len(self._silent) >= 64:
-                self._silent.clear()
-            error = self._silent[key] = BackendTimeout(
-                f"{self.label}: {what}: no answer within {timeout:g} s"
-            )
-        return error
+        return self._silent((what, timeout))
+
+    def _silence(self, kind: tuple[str, float]) -> BackendTimeout:
+        return BackendTimeout(f"{self.label}: {kind[0]}: no answer within {kind[1]:g} s")
 
     @contextlib.contextmanager
     def translate(self, what: str) -> Iterator[None]:
@@ -390,9 +401,11 @@ class RedlockBackend(Backend):
         self._patience = self.node_timeout(config.watchdog_ttl)
         #: timeout -> the fan-outs waiting that long (one loop timer per queue)
         self._queues: dict[float, _Expiries] = {}
-        self._keys = KeyTable(config.namespace)
-        self._calls: dict[tuple[str, str, int], ScriptCall] = {}  # (name, owner, ms): ACQUIRE
-        self._releases: dict[tuple[str, str], CallTemplate] = {}  # (name, owner): RELEASE
+        self._keys = key_table(config.namespace)
+        #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(_acquire_call)
+        #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
+        self._release_calls: Memo[tuple[LockKeys, str], CallTemplate] = Memo(_release_call)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -802,7 +815,7 @@ class RedlockBackend(Backend):
         owner = request.owner
         ttl = request.ttl
         timeout = self.node_timeout(ttl)
-        call = self._acquire_call(keys, owner, ttl)
+        call = self._acquire_calls((keys, owner, _ms(ttl)))
 
         def vote(index: int, reply: Any) -> bool:
             # NOTE: a majority of yes is enough: the other nodes' answers still come (in
@@ -875,32 +888,6 @@ class RedlockBackend(Backend):
             if len(self._not_before) > 4096:
                 self._prune_pauses()
         return Busy(pause)
-
-    def _acquire_call(self, keys: LockKeys, owner: str, ttl: float) -> ScriptCall:
-        """The ACQUIRE script for ``owner``, packed once (an owner retries, re-acquires)."""
-        ms = _ms(ttl)
-        index = (keys.name, owner, ms)
-        call = self._calls.get(index)
-        if call is None:
-            if len(self._calls) >= 4096:
-                self._calls.clear()
-            call = self._calls[index] = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
-        return call
-
-    def _release_template(self, keys: LockKeys, owner: str) -> CallTemplate:
-        """The RELEASE script for ``owner``, packed but for the token (it differs per node)."""
-        index = (keys.name, owner)
-        template = self._releases.get(index)
-        if template is None:
-            if len(self._releases) >= 4096:
-                self._releases.clear()
-            template = self._releases[index] = CallTemplate(
-                RELEASE,
-                (keys.lock, keys.queue, keys.deadlines),
-                (owner, "", keys.channel, keys.waiter_prefix),
-                1,
-            )
-        return template
 
     def _prune_pauses(self) -> None:
         now = monotonic()
@@ -1104,7 +1091,7 @@ class RedlockBackend(Backend):
         if not self._nodes or not isinstance(grant.data, _GrantData):
             return self._release_failed(grant)
         d = grant.data
-        template = self._release_template(d.keys, grant.owner)
+        template = self._release_calls((d.keys, grant.owner))
         tokens = d.tokens
         made: dict[str, ScriptCall] = {}
 
