@@ -35,7 +35,7 @@ import gc
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def _hosts(url: str | None) -> list[tuple[str, int]]:
 
 
 def _sequential_backend_class() -> type[Any]:
-    from aiodlock.backends.redlock import RedlockBackend
+    from aiodlock.backends.redlock import _NO_ANSWER, RedlockBackend, _Gather
 
     class SequentialRedlockBackend(RedlockBackend):
         """aiodlock's Redlock asking the nodes one after the other (benchmark only).
@@ -79,30 +79,23 @@ def _sequential_backend_class() -> type[Any]:
         Redlock loop).
         """
 
-        def _start_fan_out(
-            self,
-            nodes: Sequence[Any],
-            request: Any,  # a ScriptCall, or a callable(node, deliver)
-            *,
-            decided: Callable[[list[Any]], bool] | None = None,
-            vote: Callable[[int, Any], bool | None] | None = None,
-        ) -> Any:
-            return request  # nothing is sent before the waiting half
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self._deferred: dict[int, tuple[Sequence[Any], Any]] = {}
+
+        def _start_fan_out(self, nodes: Sequence[Any], request: Any, gather: Any) -> None:
+            self._deferred[id(gather)] = (nodes, request)  # sent by the waiting half
 
         async def _finish_fan_out(
-            self,
-            gather: Any,
-            nodes: Sequence[Any],
-            *,
-            what: str,
-            timeout: float,
-            patience: float | None = None,
-        ) -> list[Any]:
-            outcomes: list[Any] = []
-            for node in nodes:
-                one = super()._start_fan_out([node], gather)
-                outcomes += await super()._finish_fan_out(one, [node], what=what, timeout=timeout)
-            return outcomes
+            self, gather: Any, *, timeout: float, patience: float | None = None
+        ) -> None:
+            nodes, request = self._deferred.pop(id(gather))
+            for index, node in enumerate(nodes):
+                one = _Gather(1)
+                super()._start_fan_out([node], request, one)
+                await super()._finish_fan_out(one, timeout=timeout)
+                if one.replies[0] is not _NO_ANSWER:
+                    gather.deliver(index, one.replies[0])
 
     return SequentialRedlockBackend
 

@@ -118,20 +118,21 @@ _PACK_EVAL: Final = EvalPacker()
 class ScriptCall:
     """One run of a script, packed once however many servers it is sent to."""
 
-    __slots__ = ("_data", "args", "keys", "script")
+    __slots__ = ("args", "data", "keys", "script")
 
-    def __init__(self, script: Script, keys: Sequence[bytes], args: Sequence[Arg]) -> None:
+    def __init__(
+        self,
+        script: Script,
+        keys: Sequence[bytes],
+        args: Sequence[Arg],
+        data: bytes | None = None,
+    ) -> None:
         self.script = script
         self.keys = keys
         self.args = args
-        self._data: bytes | None = None
-
-    @property
-    def data(self) -> bytes:
-        """``EVALSHA sha numkeys keys... args...``"""
-        if self._data is None:
-            self._data = _PACK_EVAL(self.script, tuple(self.keys), self.args)
-        return self._data
+        #: ``EVALSHA sha numkeys keys... args...`` (packed here unless given: a plain
+        #: attribute, read on every request)
+        self.data: bytes = _PACK_EVAL(script, tuple(keys), args) if data is None else data
 
     def with_source(self) -> bytes:
         """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
@@ -161,9 +162,7 @@ class CallTemplate:
     def fill(self, value: Arg) -> ScriptCall:
         """The call with ``value`` as argument number ``slot``."""
         args = (*self.args[: self.slot], value, *self.args[self.slot + 1 :])
-        call = ScriptCall(self.script, self.keys, args)
-        call._data = self._head + _bulk(value) + self._tail
-        return call
+        return ScriptCall(self.script, self.keys, args, self._head + _bulk(value) + self._tail)
 
 
 def _settle(future: asyncio.Future[Any], reply: Any) -> None:
@@ -190,11 +189,12 @@ class Pipe(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
-        self._waiting: collections.deque[OnReply] = collections.deque()
-        self._sent_at: collections.deque[float] = collections.deque()
-        #: The script of each request (``send_one(..., call)``; None for the others): a
-        #: NOSCRIPT answer to it is sent again with the source.
-        self._evals: collections.deque[ScriptCall | None] = collections.deque()
+        #: One entry per unanswered request, oldest first: its callback, its script
+        #: (``send_one(..., call)``; None for the others: a NOSCRIPT answer to a script is
+        #: sent again with the source) and when it was sent.
+        self._waiting: collections.deque[tuple[OnReply, ScriptCall | None, float]] = (
+            collections.deque()
+        )
         #: Why the connection is unusable, once it is.
         self.broken: BaseException | None = None
 
@@ -214,9 +214,7 @@ class Pipe(asyncio.Protocol):
                 return
             if reply is False:
                 return
-            self._sent_at.popleft()
-            callback = waiting.popleft()
-            call = self._evals.popleft()
+            callback, call, _ = waiting.popleft()
             if call is not None and type(reply) is ReplyError and str(reply).startswith("NOSCRIPT"):
                 # NOTE: NOSCRIPT means it did not run: send it again with its source (only
                 # after a SCRIPT FLUSH: every connection loads the scripts first).
@@ -252,10 +250,8 @@ class Pipe(asyncio.Protocol):
             self._timer = None
         if self.broken is None:
             self.broken = error
-        waiting = list(self._waiting)
+        waiting = [entry[0] for entry in self._waiting]
         self._waiting.clear()
-        self._sent_at.clear()
-        self._evals.clear()
         for callback in waiting:
             try:
                 callback(self.broken)
@@ -275,14 +271,10 @@ class Pipe(asyncio.Protocol):
                 callback(self.broken)
             return
         now = monotonic()
-        for callback in callbacks:
-            self._waiting.append(callback)
-            self._sent_at.append(now)
-            self._evals.append(None)
+        self._waiting.extend([(callback, None, now) for callback in callbacks])
         if self._timer is None and self.op_timeout is not None:
             self._arm(now + self.op_timeout)
-        assert self.transport is not None
-        self.transport.write(data)
+        self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
         """:meth:`send` for one command and its callback (the hot path: no list).
@@ -294,17 +286,14 @@ class Pipe(asyncio.Protocol):
             callback(self.broken)
             return
         now = monotonic()
-        self._waiting.append(callback)
-        self._sent_at.append(now)
-        self._evals.append(call)
+        self._waiting.append((callback, call, now))
         if self._timer is None and self.op_timeout is not None:
             self._arm(now + self.op_timeout)
-        assert self.transport is not None
-        self.transport.write(data)
+        self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
         """When the oldest unanswered request was sent."""
-        return self._sent_at[0] if self._sent_at else None
+        return self._waiting[0][2] if self._waiting else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -492,8 +481,11 @@ class Link:
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
-        pipe = self._usable()
-        if pipe is not None:
+        # NOTE: the hot path checks only that the pipe is not broken: a request written to
+        # a transport that is closing but not yet reported lost is failed by the pipe when
+        # connection_lost comes (right after), like every other unanswered request.
+        pipe = self._pipe
+        if pipe is not None and pipe.broken is None:
             pipe.send_one(call.data, deliver, call)  # (NOSCRIPT is handled by the pipe)
             return
         self.send(call.data, [self._on_eval(call, deliver)])

@@ -166,14 +166,16 @@ def _acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
     return ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
 
 
-def _release_call(index: tuple[LockKeys, str]) -> CallTemplate:
+def _release_call(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
+    """The RELEASE call of an owner, but for the token; and with the token '' (any)."""
     keys, owner = index
-    return CallTemplate(
+    template = CallTemplate(
         RELEASE,
         (keys.lock, keys.queue, keys.deadlines),
         (owner, "", keys.channel, keys.waiter_prefix),
         1,
     )
+    return template, template.fill("")
 
 
 def _ms(seconds: float) -> int:
@@ -362,6 +364,8 @@ class _GrantData:
     channel_key: str
     #: node index -> the token that node granted (its own INCR)
     tokens: dict[int, str]
+    #: the lease's token (the largest of them)
+    token: str
 
 
 Outcome = Any
@@ -385,6 +389,8 @@ class RedlockBackend(Backend):
         self._namespace = config.namespace
         self.quorum = len(settings.hosts) // 2 + 1
         self._nodes: list[_Node] = []
+        #: Per node, from when its votes count; None while every node counts (rejoin_delay)
+        self._after: list[float] | None = None
         self._board = _Board(self._quiet)
         self._local: dict[str, _Local] = {}
         self._waiters: dict[tuple[str, str], _RedlockWaiter] = {}
@@ -405,7 +411,9 @@ class RedlockBackend(Backend):
         #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
         self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(_acquire_call)
         #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
-        self._release_calls: Memo[tuple[LockKeys, str], CallTemplate] = Memo(_release_call)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            _release_call
+        )
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -568,6 +576,8 @@ class RedlockBackend(Backend):
             return
         left = replies[-1] if isinstance(replies[-1], int) else 0
         node.counts_after = monotonic() + max(0, left) / 1000
+        delayed = [n.counts_after for n in self._nodes]
+        self._after = delayed if max(delayed) > -math.inf else None
         if left > 0:
             log.warning(
                 "aiodlock: %s has lost its data (restarted without persistence?); its "
@@ -577,6 +587,7 @@ class RedlockBackend(Backend):
             )
 
     async def open(self, on_lost: LostCallback) -> None:
+        self._after = None
         self._nodes = [
             self._build_node(i, host, port) for i, (host, port) in enumerate(self.settings.hosts)
         ]
@@ -632,57 +643,54 @@ class RedlockBackend(Backend):
         A node that has not answered by then gets a :class:`BackendTimeout` (its reply is
         read and dropped when it comes).
         """
-        gather = self._start_fan_out(nodes, request, decided=decided, vote=vote)
-        return await self._finish_fan_out(
-            gather, nodes, what=what, timeout=timeout, patience=patience
-        )
-
-    def _start_fan_out(
-        self,
-        nodes: Sequence[_Node],
-        request: ScriptCall | Callable[[_Node, OnReply], None],
-        *,
-        decided: Callable[[list[Any]], bool] | None = None,
-        vote: Vote | None = None,
-    ) -> _Gather:
-        """The sending half of :meth:`_fan_out` (nothing awaited)."""
         gather = _Gather(len(nodes), vote, self.quorum if vote is not None else 0)
-        gather.decidable = decided is not None or vote is not None
         if decided is not None:
             check = decided
             replies = gather.replies
             gather.check = lambda: check(replies)
+            gather.decidable = True
+        self._start_fan_out(nodes, request, gather)
+        await self._finish_fan_out(gather, timeout=timeout, patience=patience)
+        return self._outcomes(nodes, gather.replies, what, timeout)
+
+    def _start_fan_out(
+        self,
+        nodes: Sequence[_Node],
+        request: ScriptCall | list[ScriptCall] | Callable[[_Node, OnReply], None],
+        gather: _Gather,
+    ) -> None:
+        """The sending half of a fan-out: node ``i`` of ``nodes`` answers to
+        ``gather.deliver(i, reply)`` (nothing is awaited).
+
+        ``request``: one script call for every node, a list of them (one per node), or
+        ``request(node, deliver)`` sending whatever it likes.
+        """
         deliver = gather.deliver
         if type(request) is ScriptCall:
             for index, node in enumerate(nodes):
                 node.link.eval(request, functools.partial(deliver, index))
+        elif type(request) is list:
+            for index, node in enumerate(nodes):
+                node.link.eval(request[index], functools.partial(deliver, index))
         else:
             assert callable(request)
             for index, node in enumerate(nodes):
                 request(node, functools.partial(deliver, index))
-        return gather
 
     async def _finish_fan_out(
-        self,
-        gather: _Gather,
-        nodes: Sequence[_Node],
-        *,
-        what: str,
-        timeout: float,
-        patience: float | None = None,
-    ) -> list[Outcome]:
-        """The waiting half of :meth:`_fan_out`."""
-        if gather.left:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            if patience is None or patience >= timeout or not gather.decidable:
-                await gather.until(self._expiries(loop, timeout), started + timeout, armed=False)
-            else:
-                if patience > 0:
-                    queue = self._expiries(loop, patience)
-                    await gather.until(queue, started + patience, armed=False)
-                await gather.until(self._expiries(loop, timeout), started + timeout, armed=True)
-        return self._outcomes(nodes, gather.replies, what, timeout)
+        self, gather: _Gather, *, timeout: float, patience: float | None = None
+    ) -> None:
+        """The waiting half: see :meth:`_fan_out` for ``timeout`` and ``patience``."""
+        if not gather.left:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if patience is None or patience >= timeout or not gather.decidable:
+            await gather.until(self._expiries(loop, timeout), started + timeout, armed=False)
+            return
+        if patience > 0:
+            await gather.until(self._expiries(loop, patience), started + patience, armed=False)
+        await gather.until(self._expiries(loop, timeout), started + timeout, armed=True)
 
     def _expiries(self, loop: asyncio.AbstractEventLoop, timeout: float) -> _Expiries:
         """The queue of the fan-outs that wait ``timeout`` seconds at most."""
@@ -815,28 +823,24 @@ class RedlockBackend(Backend):
         owner = request.owner
         ttl = request.ttl
         timeout = self.node_timeout(ttl)
-        call = self._acquire_calls((keys, owner, _ms(ttl)))
-
-        def vote(index: int, reply: Any) -> bool:
-            # NOTE: a majority of yes is enough: the other nodes' answers still come (in
-            # order on their connections, before any later request of ours there).
-            if type(reply) is int:
-                granted = reply >= 1  # (the usual answer: see _acquire_reply)
-            else:
-                granted = not isinstance(reply, BaseException) and _acquire_reply(reply)[0]
-            return granted and nodes[index].counts_after <= monotonic()
-
+        quorum = self.quorum
         started = monotonic()
-        outcomes = await self._fan_out(
-            nodes,
-            call,
-            what="acquire",
-            timeout=timeout,
-            patience=0.0,
-            vote=vote,
-        )
-        now = monotonic()
-        tokens: dict[int, int] = {}
+        ballot = _Ballot(len(nodes), quorum, self._after)
+        # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
+        # on their connections, before any later request of ours there).
+        self._start_fan_out(nodes, self._acquire_calls((keys, owner, _ms(ttl))), ballot)
+        await self._finish_fan_out(ballot, timeout=timeout, patience=0.0)
+        drift = self.drift(ttl)
+        tokens = ballot.tokens
+        if ballot.yes >= quorum and monotonic() - started + drift < ttl:
+            token = max(tokens.values())
+            level = min(tokens.values()) == token or await self._raise_counters(
+                keys, tokens, token, timeout
+            )
+            if level and monotonic() - started + drift < ttl:
+                data = _GrantData(keys, ckey, {i: str(t) for i, t in tokens.items()}, str(token))
+                return Grant(request.name, owner, token, started + ttl - drift, data)
+        outcomes = self._outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
         busy_nodes: set[int] = set()
         failed = 0
@@ -848,38 +852,26 @@ class RedlockBackend(Backend):
                     broken += 1
             else:
                 granted, value = _acquire_reply(outcome)
-                if granted:
-                    tokens[node.index] = value
-                else:
+                if not granted:
                     busy_nodes.add(node.index)
                     busy_pttls.append(value)
-        votes = sum(1 for i in tokens if nodes[i].counts(now))
-        drift = self.drift(ttl)
-        if votes >= self.quorum and now - started + drift < ttl:
-            token = max(tokens.values())
-            level = min(tokens.values()) == token or await self._raise_counters(
-                keys, tokens, token, timeout
-            )
-            if level and monotonic() - started + drift < ttl:
-                data = _GrantData(keys, ckey, {i: str(t) for i, t in tokens.items()})
-                return Grant(request.name, owner, token, started + ttl - drift, data)
         # Not held: undo it wherever it may have been set (every node that did not say no).
         # NOTE: on each node the undo runs after the attempt (same connection, in order),
         # even where the attempt's answer is still on its way.
         undo = [node for node in nodes if node.index not in busy_nodes]
         if undo:
             await self._undo(keys, owner, undo)
-        if broken > len(nodes) - self.quorum:
+        if broken > len(nodes) - quorum:
             # NOTE: only failures that waiting will not cure (refused connections, errors):
             # timeouts are retried, as a stall of this process makes every node "time out".
             raise BackendError(
                 f"redlock: {broken} of {len(nodes)} nodes failed on {request.name!r}, so no "
-                f"majority ({self.quorum}) is possible: {self._errors(outcomes)}"
+                f"majority ({quorum}) is possible: {self._errors(outcomes)}"
             )
-        if len(busy_nodes) >= self.quorum:
+        if len(busy_nodes) >= quorum:
             # Held by someone: wake when enough of the holder's keys would have expired.
             pttls = sorted(p for p in busy_pttls if p >= 0)
-            needed = max(1, self.quorum - (len(nodes) - len(busy_nodes) - failed))
+            needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
             return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
         # A split vote (or nodes not counted yet): try again after a random pause.
         pause = random.uniform(0.0, self.settings.retry_delay)
@@ -1088,52 +1080,51 @@ class RedlockBackend(Backend):
     def start_release(self, grant: Grant) -> Awaitable[bool]:
         # The requests leave at once (pipelined links); the core's bookkeeping then runs
         # while the nodes work.
-        if not self._nodes or not isinstance(grant.data, _GrantData):
-            return self._release_failed(grant)
+        nodes = self._nodes
         d = grant.data
-        template = self._release_calls((d.keys, grant.owner))
+        if not nodes or not isinstance(d, _GrantData):
+            return self._release_failed(grant)
+        template, anyone = self._release_calls((d.keys, grant.owner))
         tokens = d.tokens
-        made: dict[str, ScriptCall] = {}
-
-        def call(node: _Node, deliver: OnReply) -> None:
-            token = tokens.get(node.index, "")
-            c = made.get(token)
-            if c is None:
-                c = made[token] = template.fill(token)
-            node.link.eval(c, deliver)
-
-        gather = self._start_fan_out(self._nodes, call, vote=_released)
-        return self._finish_release(grant, d, gather)
+        token = d.token
+        common = template.fill(token)
+        calls: list[ScriptCall] = []
+        for index in range(len(nodes)):
+            mine = tokens.get(index)
+            if mine is None:
+                calls.append(anyone)  # (it may have granted after the vote: any token)
+            elif mine == token:
+                calls.append(common)
+            else:
+                calls.append(template.fill(mine))  # (a lagging counter, raised since)
+        tally = _Tally(len(nodes), None, self.quorum)
+        self._start_fan_out(nodes, calls, tally)
+        return self._finish_release(grant, d, tally)
 
     async def _release_failed(self, grant: Grant) -> bool:
         _data(grant)  # TypeError for a grant of another backend
         raise BackendError("redlock: the backend is not open")
 
-    async def _finish_release(self, grant: Grant, d: _GrantData, gather: _Gather) -> bool:
-        nodes = self.nodes
-        owner = grant.owner
-        quorum = self.quorum
-        n = len(nodes)
+    async def _finish_release(self, grant: Grant, d: _GrantData, tally: _Tally) -> bool:
         try:
-            outcomes = await self._finish_fan_out(
-                gather, nodes, what="release", timeout=self.config.op_timeout, patience=0.0
-            )
+            await self._finish_fan_out(tally, timeout=self.config.op_timeout, patience=0.0)
         finally:
-            self._forget_holder(d.channel_key, owner)
+            self._forget_holder(d.channel_key, grant.owner)
             if self._board.count(d.channel_key):
                 # Wake a local waiter at once (no need to wait for a message) and reserve
                 # the next attempt for it: the releasing task must not barge back in.
                 self._board.wake_direct(d.channel_key)
                 self._handoffs[d.channel_key] = monotonic() + self._handoff_window
-        yes = outcomes.count(1)
-        no = outcomes.count(0)
-        if yes >= quorum:
+        if tally.yes >= tally.need:
             return True
-        if no > n - quorum:
+        n = len(tally.replies)
+        if tally.no > n - tally.need:
             return False
+        outcomes = self._outcomes(self.nodes, tally.replies, "release", self.config.op_timeout)
         raise BackendError(
-            f"redlock: the release of {grant.name!r} reached only {yes + no} of {n} nodes "
-            f"({yes} released); the rest expires with the lease: {self._errors(outcomes)}"
+            f"redlock: the release of {grant.name!r} reached only {tally.yes + tally.no} of "
+            f"{n} nodes ({tally.yes} released); the rest expires with the lease: "
+            f"{self._errors(outcomes)}"
         )
 
     async def abandon(self, request: Request) -> None:
@@ -1219,12 +1210,14 @@ class _Gather:
     """The replies of one fan-out, and the one future its caller sleeps on.
 
     With a ``vote``, replies are counted as they come: the fan-out is decided once ``need``
-    nodes said yes or more than ``spare`` said no (a majority either way).
+    nodes said yes or more than ``spare`` said no (a majority either way).  The subclasses
+    below count the two hot fan-outs (acquire, release) inline, without a vote function.
     """
 
     __slots__ = (
         "armed",
         "check",
+        "counted",
         "decidable",
         "left",
         "need",
@@ -1242,12 +1235,14 @@ class _Gather:
         self.waiter: asyncio.Future[None] | None = None
         self.check: Callable[[], bool] | None = None
         self.vote = vote
+        #: Decided by the yes and no counts (else by ``check``, if any).
+        self.counted = need > 0
         self.need = need
         self.spare = n - need
         self.yes = 0
         self.no = 0
         self.armed = False
-        self.decidable = False
+        self.decidable = self.counted
 
     def deliver(self, index: int, reply: Any) -> None:
         if self.replies[index] is not _NO_ANSWER:
@@ -1261,6 +1256,11 @@ class _Gather:
                 self.yes += 1
             elif counted is False:
                 self.no += 1
+        if self.waiter is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wake the caller if every node answered or (once armed) the fan-out is decided."""
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
@@ -1268,15 +1268,16 @@ class _Gather:
             waiter.set_result(None)
         elif self.armed and (
             self.yes >= self.need or self.no > self.spare
-            if vote is not None
+            if self.counted
             else self.check is not None and self.check()
         ):
             waiter.set_result(None)  # decided (what enough() says, inline: every reply)
 
     def enough(self) -> bool:
+        """Decided (once ``armed``: before, only every answer ends the wait)."""
         if not self.armed:
             return False
-        if self.vote is not None:
+        if self.counted:
             return self.yes >= self.need or self.no > self.spare
         return self.check is not None and self.check()
 
@@ -1295,6 +1296,66 @@ class _Gather:
             await waiter
         finally:
             self.waiter = None
+
+
+class _Ballot(_Gather):
+    """An acquire's fan-out: a yes is a token (the ACQUIRE script's usual integer answer,
+    >= 1) from a node whose votes count; every other answer is a no.
+
+    ``tokens`` keeps the token of every node that granted (counted or not).
+    """
+
+    __slots__ = ("after", "tokens")
+
+    def __init__(self, n: int, need: int, after: Sequence[float] | None) -> None:
+        super().__init__(n, None, need)
+        #: Per node, from when its votes count (``None``: every node counts).
+        self.after = after
+        self.tokens: dict[int, int] = {}
+
+    def deliver(self, index: int, reply: Any) -> None:
+        replies = self.replies
+        if replies[index] is not _NO_ANSWER:
+            return
+        replies[index] = reply
+        self.left -= 1
+        if type(reply) is not int:
+            # An older table answer (see _acquire_reply), an error or no connection.
+            granted = not isinstance(reply, BaseException) and _acquire_reply(reply)[0]
+            if granted:
+                reply = _acquire_reply(reply)[1]
+        else:
+            granted = reply >= 1
+        if granted:
+            self.tokens[index] = reply
+            after = self.after
+            if after is None or after[index] <= monotonic():
+                self.yes += 1
+            else:
+                self.no += 1
+        else:
+            self.no += 1
+        if self.waiter is not None:
+            self._settle()
+
+
+class _Tally(_Gather):
+    """A release's fan-out: 1 (released) is a yes, 0 (not ours) a no, a failure neither."""
+
+    __slots__ = ()
+
+    def deliver(self, index: int, reply: Any) -> None:
+        replies = self.replies
+        if replies[index] is not _NO_ANSWER:
+            return
+        replies[index] = reply
+        self.left -= 1
+        if reply == 1:
+            self.yes += 1
+        elif reply == 0:
+            self.no += 1
+        if self.waiter is not None:
+            self._settle()
 
 
 class _Expiries:
@@ -1338,15 +1399,6 @@ class _Expiries:
                     return
                 waiter.set_result(None)
             entries.popleft()
-
-
-def _released(index: int, reply: Any) -> bool | None:
-    """Release vote: the key was ours and is deleted (yes), was not ours (no), or unknown."""
-    if reply == 1:
-        return True
-    if reply == 0:
-        return False
-    return None
 
 
 def _answer(index: int, reply: Any) -> bool | None:
