@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -112,6 +113,10 @@ def _common_config(options: dict[str, Any]) -> CommonConfig:
 def _make_client_id() -> str:
     host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _drop(table: dict[Any, Any], key: object) -> None:
+    table.pop(key, None)
 
 
 def check_name(name: object) -> str:
@@ -276,9 +281,12 @@ class Client:
         #: A unique string per client instance; owners are ``f"{id}:{n}"``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], _Hold] = {}
-        self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: A task's owner string, by a weak reference to the task (an entry goes when its
+        #: task is freed).  NOTE: looked up with a plain ``weakref.ref(task)``, which equals
+        #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
+        self._owners: dict[weakref.ref[asyncio.Task[Any]], str] = {}
+        # (drops the entry of a freed task; refers to the dict only, not to the client)
+        self._owner_gone = functools.partial(_drop, self._owners)
         self._owner_seq = 0
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock: asyncio.Lock | None = None
@@ -465,18 +473,18 @@ class Client:
         return self._owner_of(task)
 
     def _owner_of(self, task: asyncio.Task[Any]) -> str:
-        owner = self._owners.get(task)
+        owner = self._owners.get(weakref.ref(task))
         if owner is None:
             self._owner_seq += 1
             owner = f"{self.id}:{self._owner_seq}"
-            self._owners[task] = owner
+            self._owners[weakref.ref(task, self._owner_gone)] = owner
         return owner
 
     def current_hold(self, name: str) -> _Hold | None:
         task = asyncio.current_task()
         if task is None:
             return None
-        owner = self._owners.get(task)
+        owner = self._owners.get(weakref.ref(task))
         if owner is None:
             return None
         hold = self._holds.get((name, owner))

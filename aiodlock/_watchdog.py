@@ -47,6 +47,10 @@ class Watchdog:
         self._session_bound = bool(client.backend.capabilities & Capability.SESSION_LEASE)
         #: When the loop wakes next by itself; an earlier event needs a poke.
         self._wake_at = math.inf
+        #: New holds whose first event is not before ``_wake_at``, with their generation:
+        #: the loop schedules those still held when it wakes.  Most holds of a busy client
+        #: are released long before that and never reach the heaps.
+        self._pending: list[tuple[_Hold, int]] = []
 
     @property
     def interval(self) -> float:
@@ -56,6 +60,7 @@ class Watchdog:
         if self._task is None:
             self._renewals.clear()
             self._expiries.clear()
+            self._pending.clear()
             self._poke = asyncio.Event()
             self._wake_at = math.inf
             self._task = asyncio.get_running_loop().create_task(
@@ -72,15 +77,33 @@ class Watchdog:
                 pass
         self._renewals.clear()
         self._expiries.clear()
+        self._pending.clear()
 
     def _renews(self, hold: _Hold) -> bool:
         return not hold.fixed_ttl and not self._session_bound
 
     def track(self, hold: _Hold) -> None:
         """Start watching a new hold."""
-        if self._renews(hold):
-            hold.renew_at = hold.acquired_at + self.interval
-        self._schedule(hold)
+        first = math.inf
+        if not hold.fixed_ttl and not self._session_bound:
+            first = hold.renew_at = hold.acquired_at + self.interval
+        if hold.expires_at is not None and hold.expires_at < first:
+            first = hold.expires_at
+        if first < self._wake_at:
+            self._schedule(hold)  # (and wake the loop earlier)
+            return
+        # NOTE: the loop wakes by _wake_at at the latest, so it sees this hold in time.
+        pending = self._pending
+        pending.append((hold, hold.generation))
+        if len(pending) > 1024:
+            pending[:] = [(h, g) for h, g in pending if g == h.generation and h.active]
+
+    def _admit(self) -> None:
+        """Schedule the pending holds that are still held."""
+        pending, self._pending = self._pending, []
+        for hold, gen in pending:
+            if gen == hold.generation and hold.active:
+                self._schedule(hold)
 
     def untrack(self, hold: _Hold) -> None:
         # Heap entries of an older generation are skipped when popped.
@@ -122,6 +145,8 @@ class Watchdog:
 
     async def _run(self) -> None:
         while True:
+            if self._pending:
+                self._admit()
             now = monotonic()
             self._expire(now)
             batch = self._due_renewals(now)

@@ -363,9 +363,9 @@ class _GrantData:
     keys: LockKeys
     channel_key: str
     #: node index -> the token that node granted (its own INCR)
-    tokens: dict[int, str]
+    tokens: dict[int, int]
     #: the lease's token (the largest of them)
-    token: str
+    token: int
 
 
 Outcome = Any
@@ -838,7 +838,8 @@ class RedlockBackend(Backend):
                 keys, tokens, token, timeout
             )
             if level and monotonic() - started + drift < ttl:
-                data = _GrantData(keys, ckey, {i: str(t) for i, t in tokens.items()}, str(token))
+                # (a copy: a node that answers later still adds its token to the ballot)
+                data = _GrantData(keys, ckey, dict(tokens), token)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self._outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
@@ -1008,12 +1009,12 @@ class RedlockBackend(Backend):
         quorum = self.quorum
         n = len(nodes)
 
-        made: dict[tuple[int, str], ScriptCall] = {}
+        made: dict[tuple[int, int | str], ScriptCall] = {}
 
         def calls(node: _Node) -> list[ScriptCall]:
             out = []
             for i, (g, d) in enumerate(zip(grants, data, strict=True)):
-                token = d.tokens.get(node.index, "")
+                token: int | str = d.tokens.get(node.index, "")
                 call = made.get((i, token))
                 if call is None:
                     call = made[(i, token)] = ScriptCall(
@@ -1335,7 +1336,9 @@ class _Ballot(_Gather):
                 self.no += 1
         else:
             self.no += 1
-        if self.waiter is not None:
+        if self.waiter is not None and (
+            not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare))
+        ):
             self._settle()
 
 
@@ -1354,7 +1357,9 @@ class _Tally(_Gather):
             self.yes += 1
         elif reply == 0:
             self.no += 1
-        if self.waiter is not None:
+        if self.waiter is not None and (
+            not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare))
+        ):
             self._settle()
 
 
