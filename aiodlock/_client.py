@@ -604,11 +604,13 @@ class Client:
             del self._holds[(hold.name, hold.owner)]
         self._watchdog.untrack(hold)
 
-    async def release(self, name: str) -> None:
+    def release(self, name: str) -> Awaitable[None]:
+        """One release of ``name`` by the calling task (what to await: one coroutine less
+        per release; LockNotOwned is raised at once)."""
         hold = self.current_hold(name)
         if hold is None:
             raise LockNotOwned(f"lock {name!r} is not held by this task")
-        await self.release_hold(hold)
+        return self.release_hold(hold)
 
     async def release_hold(self, hold: _Hold) -> None:
         """One release of ``hold`` by its own task."""
@@ -651,47 +653,42 @@ class Client:
             started = self._begin_server_release(hold)
             if started is None:
                 return
+        hold.generation += 1
         try:
-            await self._finish_server_release(hold, started, raise_errors)
+            error: BaseException | None = None
+            released = True
+            try:
+                # Each backend round trip is bounded by op_timeout in the backend itself.
+                released = await started
+            except BackendError as exc:
+                error = exc
+            except BaseException:
+                # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
+                # shielded and bounded, then let the cancellation go on.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                    try:
+                        await self._backend.release(hold.grant)
+                    except Exception:
+                        log.warning("aiodlock: releasing %r failed", hold.name, exc_info=True)
+                raise
+            if error is not None:
+                log.warning(
+                    "aiodlock: releasing %r failed (%s); it stays locked until its lease ends",
+                    hold.name,
+                    error,
+                )
+                if raise_errors and not hold.lost:
+                    raise error
+                return
+            if not released and not hold.lost:
+                self._mark_lost(
+                    hold,
+                    "the lease had already expired or been taken over at release",
+                    at_release=True,
+                )
         finally:
             if hold.released:
                 hold.lease._hold = _Ended(hold)  # the holding is over: break the cycle
-
-    async def _finish_server_release(
-        self, hold: _Hold, started: Awaitable[bool], raise_errors: bool
-    ) -> None:
-        hold.generation += 1
-        error: BaseException | None = None
-        released = True
-        try:
-            # Each backend round trip is bounded by op_timeout in the backend itself.
-            released = await started
-        except BackendError as exc:
-            error = exc
-        except BaseException:
-            # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
-            # shielded and bounded, then let the cancellation go on.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                try:
-                    await self._backend.release(hold.grant)
-                except Exception:
-                    log.warning("aiodlock: releasing %r failed", hold.name, exc_info=True)
-            raise
-        if error is not None:
-            log.warning(
-                "aiodlock: releasing %r failed (%s); it stays locked until its lease ends",
-                hold.name,
-                error,
-            )
-            if raise_errors and not hold.lost:
-                raise error
-            return
-        if not released and not hold.lost:
-            self._mark_lost(
-                hold,
-                "the lease had already expired or been taken over at release",
-                at_release=True,
-            )
 
     async def extend(self, name: str, ttl: float | None) -> None:
         hold = self.current_hold(name)

@@ -69,7 +69,7 @@ async def _child(url: str, variant: str, cycles: int) -> None:
             (keys.lock, keys.queue, keys.deadlines),
             (owner, "", keys.channel, keys.waiter_prefix),
         )
-        pipes = [node.link._pipe for node in backend.nodes]  # type: ignore[attr-defined]
+        pipes = [node.link.pipe for node in backend.nodes]  # type: ignore[attr-defined]
         loop = asyncio.get_running_loop()
         quorum = len(pipes) // 2 + 1
         for _ in range(cycles):

@@ -348,7 +348,9 @@ class Link:
         self._scripts = tuple(scripts)
         self._extra = extra
         self._on_extra = on_extra
-        self._pipe: Pipe | None = None
+        #: The current connection's pipe (None before the first and after a broken one).
+        #: NOTE: usable while it is not ``broken``: see :meth:`eval`.
+        self.pipe: Pipe | None = None
         self._connecting: asyncio.Task[Pipe] | None = None
         self.closed = False
         #: Connections made so far (for tests and the curious).
@@ -360,12 +362,12 @@ class Link:
     def _usable(self) -> Pipe | None:
         # NOTE: a connection whose oldest request waited op_timeout is closed by the pipe's
         # own timer, so being open is enough.
-        pipe = self._pipe
+        pipe = self.pipe
         if pipe is None:
             return None
         if pipe.broken is None and pipe.transport is not None and not pipe.transport.is_closing():
             return pipe
-        self._pipe = None
+        self.pipe = None
         return None
 
     def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
@@ -411,7 +413,7 @@ class Link:
         if self._connecting is task:
             self._connecting = None
         if not task.cancelled() and task.exception() is None:
-            self._pipe = task.result()
+            self.pipe = task.result()
 
     async def _connect(self) -> Pipe:
         loop = asyncio.get_running_loop()
@@ -484,7 +486,7 @@ class Link:
         # NOTE: the hot path checks only that the pipe is not broken: a request written to
         # a transport that is closing but not yet reported lost is failed by the pipe when
         # connection_lost comes (right after), like every other unanswered request.
-        pipe = self._pipe
+        pipe = self.pipe
         if pipe is not None and pipe.broken is None:
             pipe.send_one(call.data, deliver, call)  # (NOSCRIPT is handled by the pipe)
             return
@@ -528,7 +530,7 @@ class Link:
 
     def drop(self, error: BaseException) -> None:
         """Close the current connection (the next request makes a new one)."""
-        pipe, self._pipe = self._pipe, None
+        pipe, self.pipe = self.pipe, None
         if pipe is not None:
             pipe.close(error)
 

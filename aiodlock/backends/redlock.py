@@ -362,10 +362,12 @@ class _Settings:
 class _GrantData:
     keys: LockKeys
     channel_key: str
-    #: node index -> the token that node granted (its own INCR)
+    #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
     tokens: dict[int, int]
     #: the lease's token (the largest of them)
     token: int
+    #: the acquire's ballot (its replies still come in after the grant)
+    ballot: _Ballot
 
 
 Outcome = Any
@@ -667,8 +669,15 @@ class RedlockBackend(Backend):
         """
         deliver = gather.deliver
         if type(request) is ScriptCall:
+            data = request.data
             for index, node in enumerate(nodes):
-                node.link.eval(request, functools.partial(deliver, index))
+                # (Link.eval, its hot path inline: this runs for every node of every lock
+                # operation)
+                pipe = node.link.pipe
+                if pipe is not None and pipe.broken is None:
+                    pipe.send_one(data, functools.partial(deliver, index), request)
+                else:
+                    node.link.eval(request, functools.partial(deliver, index))
         elif type(request) is list:
             for index, node in enumerate(nodes):
                 node.link.eval(request[index], functools.partial(deliver, index))
@@ -677,19 +686,32 @@ class RedlockBackend(Backend):
             for index, node in enumerate(nodes):
                 request(node, functools.partial(deliver, index))
 
-    async def _finish_fan_out(
+    def _finish_fan_out(
         self, gather: _Gather, *, timeout: float, patience: float | None = None
-    ) -> None:
-        """The waiting half: see :meth:`_fan_out` for ``timeout`` and ``patience``."""
-        if not gather.left:
-            return
+    ) -> Awaitable[None]:
+        """The waiting half: see :meth:`_fan_out` for ``timeout`` and ``patience``.
+
+        (A plain function returning what to await: one coroutine less on every lock
+        operation.)
+        """
         loop = asyncio.get_running_loop()
         started = loop.time()
         if patience is None or patience >= timeout or not gather.decidable:
-            await gather.until(self._expiries(loop, timeout), started + timeout, armed=False)
-            return
+            return gather.until(self._expiries(loop, timeout), started + timeout, armed=False)
         if patience > 0:
-            await gather.until(self._expiries(loop, patience), started + patience, armed=False)
+            return self._patiently(gather, loop, started, patience, timeout)
+        return gather.until(self._expiries(loop, timeout), started + timeout, armed=True)
+
+    async def _patiently(
+        self,
+        gather: _Gather,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+        patience: float,
+        timeout: float,
+    ) -> None:
+        """Every answer for ``patience`` seconds, then only until decided."""
+        await gather.until(self._expiries(loop, patience), started + patience, armed=False)
         await gather.until(self._expiries(loop, timeout), started + timeout, armed=True)
 
     def _expiries(self, loop: asyncio.AbstractEventLoop, timeout: float) -> _Expiries:
@@ -838,8 +860,9 @@ class RedlockBackend(Backend):
                 keys, tokens, token, timeout
             )
             if level and monotonic() - started + drift < ttl:
-                # (a copy: a node that answers later still adds its token to the ballot)
-                data = _GrantData(keys, ckey, dict(tokens), token)
+                # NOTE: the ballot's own tokens: a node that grants after the vote adds its
+                # token there, and the release and renewals then send it that token.
+                data = _GrantData(keys, ckey, tokens, token, ballot)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self._outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
@@ -1089,17 +1112,19 @@ class RedlockBackend(Backend):
         tokens = d.tokens
         token = d.token
         common = template.fill(token)
-        calls: list[ScriptCall] = []
-        for index in range(len(nodes)):
-            mine = tokens.get(index)
-            if mine is None:
-                calls.append(anyone)  # (it may have granted after the vote: any token)
-            elif mine == token:
-                calls.append(common)
-            else:
-                calls.append(template.fill(mine))  # (a lagging counter, raised since)
+        request: ScriptCall | list[ScriptCall] = common
+        if len(tokens) < len(nodes) or d.ballot.mixed:
+            request = []
+            for index in range(len(nodes)):
+                mine = tokens.get(index)
+                if mine is None:
+                    request.append(anyone)  # (it may have granted after the vote: any token)
+                elif mine == token:
+                    request.append(common)
+                else:
+                    request.append(template.fill(mine))  # (a lagging counter, raised since)
         tally = _Tally(len(nodes), None, self.quorum)
-        self._start_fan_out(nodes, calls, tally)
+        self._start_fan_out(nodes, request, tally)
         return self._finish_release(grant, d, tally)
 
     async def _release_failed(self, grant: Grant) -> bool:
@@ -1286,7 +1311,11 @@ class _Gather:
         """Until every node answered, the fan-out is decided (when ``armed``), or the loop
         time ``deadline`` (``queue`` wakes it then)."""
         self.armed = armed
-        if not self.left or self.enough():
+        if not self.left:
+            return
+        if armed and (
+            self.yes >= self.need or self.no > self.spare if self.counted else self.enough()
+        ):
             return
         loop = queue.loop
         if deadline <= loop.time():
@@ -1306,13 +1335,16 @@ class _Ballot(_Gather):
     ``tokens`` keeps the token of every node that granted (counted or not).
     """
 
-    __slots__ = ("after", "tokens")
+    __slots__ = ("after", "first", "mixed", "tokens")
 
     def __init__(self, n: int, need: int, after: Sequence[float] | None) -> None:
         super().__init__(n, None, need)
         #: Per node, from when its votes count (``None``: every node counts).
         self.after = after
         self.tokens: dict[int, int] = {}
+        #: The first token granted; did the nodes grant different tokens?
+        self.first: int | None = None
+        self.mixed = False
 
     def deliver(self, index: int, reply: Any) -> None:
         replies = self.replies
@@ -1328,6 +1360,11 @@ class _Ballot(_Gather):
         else:
             granted = reply >= 1
         if granted:
+            first = self.first
+            if first is None:
+                self.first = reply
+            elif reply != first:
+                self.mixed = True
             self.tokens[index] = reply
             after = self.after
             if after is None or after[index] <= monotonic():
