@@ -80,10 +80,20 @@ from ._redis_scripts import (
     RENEW,
     STATUS,
     LockKeys,
+    Memo,
     Script,
     key_table,
 )
-from ._redis_wire import Address, EvalPacker, Link, ReplyError, pack, resolver
+from ._redis_wire import (
+    Address,
+    CallTemplate,
+    EvalPacker,
+    Link,
+    ReplyError,
+    ScriptCall,
+    pack,
+    resolver,
+)
 
 __all__ = [
     "Deadlines",
@@ -333,6 +343,11 @@ class RedisNode:
         #: no WAIT), else None: commands go through redis-py's connections.
         self.link = link
         self._pack_eval = EvalPacker()
+        #: The hot calls, packed once (see acquire_call and release_calls).
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            release_calls
+        )
         self._conns = (
             None
             if link is not None or isinstance(client, RedisCluster)
@@ -489,11 +504,19 @@ class RedisNode:
         self.round_trips += 1
         return self.link.call(self._pack_eval(script, keys, args))
 
+    def start_call(self, call: ScriptCall) -> asyncio.Future[Any]:
+        """:meth:`start` for a call packed already (NOSCRIPT is handled by the link)."""
+        assert self.link is not None
+        self.round_trips += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.link.eval(call, resolver(future))
+        return future
+
     async def finish(
         self,
         sent: asyncio.Future[Any],
         script: Script,
-        keys: tuple[bytes, ...],
+        keys: Sequence[bytes],
         args: Sequence[Any],
     ) -> Any:
         """The answer to :meth:`start`, as :meth:`run` gives it (EVAL on NOSCRIPT; errors
@@ -603,6 +626,11 @@ class RedisNode:
             k: tuple[bytes, ...] = (keys.lock, keys.counter, keys.queue, keys.deadlines)
             a: tuple[Any, ...] = (owner, lease_ms, waiter_ms, b"1" if queue else b"0")
         else:
+            if self.link is not None and timeout is None and not self.sync_replicas:
+                # The hot path: the call packed once per owner and lease length.
+                call = self._acquire_calls((keys, owner, lease_ms))
+                value: int = await self.finish(self.start_call(call), ACQUIRE, call.keys, call.args)
+                return value
             script = ACQUIRE
             k = (keys.lock, keys.counter)
             a = (owner, lease_ms)
@@ -650,11 +678,12 @@ class RedisNode:
 
     def start_release(self, keys: LockKeys, owner: str, token: str = "") -> Awaitable[bool]:
         """:meth:`release`, sent on the link now (only with a link); await the answer."""
-        k, a = _release_call(keys, owner, token)
-        return self._finish_release(self.start(RELEASE, k, a), k, a)
+        template, anyone = self._release_calls((keys, owner))
+        call = template.fill(token) if token else anyone
+        return self._finish_release(self.start_call(call), call.keys, call.args)
 
     async def _finish_release(
-        self, sent: asyncio.Future[Any], k: tuple[bytes, ...], a: tuple[Any, ...]
+        self, sent: asyncio.Future[Any], k: Sequence[bytes], a: Sequence[Any]
     ) -> bool:
         return bool(await self.finish(sent, RELEASE, k, a) == 1)
 
@@ -736,6 +765,22 @@ def _release_call(
 ) -> tuple[tuple[bytes, ...], tuple[str, str, bytes, bytes]]:
     """KEYS and ARGV of the RELEASE script."""
     return (keys.lock, keys.queue, keys.deadlines), (owner, token, keys.channel, keys.waiter_prefix)
+
+
+def acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
+    """The (non-fair) ACQUIRE call of ``(keys, owner, lease ms)``, packed once: an owner's
+    attempts repeat it (memoize it)."""
+    keys, owner, ms = index
+    return ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
+
+
+def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
+    """The RELEASE call of ``(keys, owner)`` packed but for the token, and with the token
+    '' (any token of this owner): memoize it, fill in the token per release."""
+    keys, owner = index
+    k, a = _release_call(keys, owner, "")
+    template = CallTemplate(RELEASE, k, a, 1)
+    return template, template.fill("")
 
 
 def _master_of(cluster: RedisCluster, key: bytes) -> ClusterNode | None:

@@ -69,10 +69,8 @@ from ._base import (
 )
 from ._redis_scripts import (
     ABANDON,
-    ACQUIRE,
     ALL_SCRIPTS,
     FORCE_RELEASE,
-    RELEASE,
     RENEW,
     STATUS,
     LockKeys,
@@ -81,7 +79,14 @@ from ._redis_scripts import (
     key_table,
 )
 from ._redis_wire import WIRE_ERRORS, Address, CallTemplate, Link, OnReply, ScriptCall, pack
-from .redis import PubSubHub, no_retry, ssl_context_factory, take_ssl_options
+from .redis import (
+    PubSubHub,
+    acquire_call,
+    no_retry,
+    release_calls,
+    ssl_context_factory,
+    take_ssl_options,
+)
 
 __all__ = ["RAISE_COUNTER", "REJOIN", "RedlockBackend"]
 
@@ -159,23 +164,6 @@ def _take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ..
                 f"option 'passwords' needs strings (or None), got a {type(item).__name__}"
             )
     return tuple(value)
-
-
-def _acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
-    keys, owner, ms = index
-    return ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, ms))
-
-
-def _release_call(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
-    """The RELEASE call of an owner, but for the token; and with the token '' (any)."""
-    keys, owner = index
-    template = CallTemplate(
-        RELEASE,
-        (keys.lock, keys.queue, keys.deadlines),
-        (owner, "", keys.channel, keys.waiter_prefix),
-        1,
-    )
-    return template, template.fill("")
 
 
 def _ms(seconds: float) -> int:
@@ -411,10 +399,10 @@ class RedlockBackend(Backend):
         self._queues: dict[float, _Expiries] = {}
         self._keys = key_table(config.namespace)
         #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(_acquire_call)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
         #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
         self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            _release_call
+            release_calls
         )
 
     # -- configuration ---------------------------------------------------------------------
