@@ -51,6 +51,7 @@ class Watchdog:
         #: the loop schedules those still held when it wakes.  Most holds of a busy client
         #: are released long before that and never reach the heaps.
         self._pending: list[tuple[_Hold, int]] = []
+        self._pending_limit = 64
 
     @property
     def interval(self) -> float:
@@ -95,8 +96,11 @@ class Watchdog:
         # NOTE: the loop wakes by _wake_at at the latest, so it sees this hold in time.
         pending = self._pending
         pending.append((hold, hold.generation))
-        if len(pending) > 1024:
+        if len(pending) > self._pending_limit:
+            # Drop the released ones soon: each keeps its hold (and the lease, the grant...)
+            # alive, and objects kept that way trigger the garbage collector's passes.
             pending[:] = [(h, g) for h, g in pending if g == h.generation and h.active]
+            self._pending_limit = max(64, 2 * len(pending))
 
     def _admit(self) -> None:
         """Schedule the pending holds that are still held."""
