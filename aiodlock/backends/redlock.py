@@ -1368,7 +1368,14 @@ class _Ballot(_Gather):
 
 
 class _Tally(_Gather):
-    """A release's fan-out: 1 (released) is a yes, 0 (not ours) a no, a failure neither."""
+    """A release's fan-out: 1 (released) is a yes, 0 (not ours) a no, a failure neither.
+
+    NOTE: its ``deliver`` repeats the bookkeeping lines of :class:`_Ballot`'s on purpose.
+    One shared ``deliver`` calling a per-class judgement costs 5% more instructions per
+    Redlock cycle (``python -m benchmarks.instructions``: 475,667 against 452,440): on
+    Python 3.11 its attribute look-ups see two classes in turn and lose their
+    specialization, besides the extra call.
+    """
 
     __slots__ = ()
 
