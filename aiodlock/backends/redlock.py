@@ -355,7 +355,7 @@ class _GrantData:
     #: the lease's token (the largest of them)
     token: int
     #: the acquire's ballot (its replies still come in after the grant)
-    ballot: _Ballot
+    ballot: _Votes
 
 
 Outcome = Any
@@ -835,13 +835,14 @@ class RedlockBackend(Backend):
         timeout = self.node_timeout(ttl)
         quorum = self.quorum
         started = monotonic()
-        ballot = _Ballot(len(nodes), quorum, self._after)
+        ballot = _Votes(len(nodes), quorum, acquire=True, after=self._after)
         # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
         # on their connections, before any later request of ours there).
         self._start_fan_out(nodes, self._acquire_calls((keys, owner, _ms(ttl))), ballot)
         await self._finish_fan_out(ballot, timeout=timeout, patience=0.0)
         drift = self.drift(ttl)
         tokens = ballot.tokens
+        assert tokens is not None  # (an acquire's)
         if ballot.yes >= quorum and monotonic() - started + drift < ttl:
             token = max(tokens.values())
             level = min(tokens.values()) == token or await self._raise_counters(
@@ -1111,7 +1112,7 @@ class RedlockBackend(Backend):
                     request.append(common)
                 else:
                     request.append(template.fill(mine))  # (a lagging counter, raised since)
-        tally = _Tally(len(nodes), None, self.quorum)
+        tally = _Votes(len(nodes), self.quorum, acquire=False)
         self._start_fan_out(nodes, request, tally)
         return self._finish_release(grant, d, tally)
 
@@ -1119,7 +1120,7 @@ class RedlockBackend(Backend):
         _data(grant)  # TypeError for a grant of another backend
         raise BackendError("redlock: the backend is not open")
 
-    async def _finish_release(self, grant: Grant, d: _GrantData, tally: _Tally) -> bool:
+    async def _finish_release(self, grant: Grant, d: _GrantData, tally: _Votes) -> bool:
         try:
             await self._finish_fan_out(tally, timeout=self.config.op_timeout, patience=0.0)
         finally:
@@ -1316,20 +1317,30 @@ class _Gather:
             self.waiter = None
 
 
-class _Ballot(_Gather):
-    """An acquire's fan-out: a yes is a token (the ACQUIRE script's usual integer answer,
-    >= 1) from a node whose votes count; every other answer is a no.
+class _Votes(_Gather):
+    """The two hot fan-outs, counted inline as the replies come (no vote function).
 
-    ``tokens`` keeps the token of every node that granted (counted or not).
+    - An acquire's (``acquire=True``): a yes is a token (the ACQUIRE script's usual integer
+      answer, >= 1) from a node whose votes count; every other answer is a no.  ``tokens``
+      keeps the token of every node that granted (counted or not).
+    - A release's: 1 (released) is a yes, 0 (not ours) a no, a failure neither.
+
+    NOTE: one class for both, not a subclass each: on Python 3.11 the attribute look-ups of
+    shared methods lose their specialization when they see two classes in turn (a shared
+    ``deliver`` calling a per-class judgement measured 5% more instructions per Redlock
+    cycle than a ``deliver`` written out in each of two classes).
     """
 
     __slots__ = ("after", "first", "mixed", "tokens")
 
-    def __init__(self, n: int, need: int, after: Sequence[float] | None) -> None:
+    def __init__(
+        self, n: int, need: int, *, acquire: bool, after: Sequence[float] | None = None
+    ) -> None:
         super().__init__(n, None, need)
         #: Per node, from when its votes count (``None``: every node counts).
         self.after = after
-        self.tokens: dict[int, int] = {}
+        #: An acquire's tokens by node (None for a release).
+        self.tokens: dict[int, int] | None = {} if acquire else None
         #: The first token granted; did the nodes grant different tokens?
         self.first: int | None = None
         self.mixed = False
@@ -1340,55 +1351,31 @@ class _Ballot(_Gather):
             return
         replies[index] = reply
         self.left -= 1
-        if type(reply) is not int:
-            # An older table answer (see _acquire_reply), an error or no connection.
-            granted = not isinstance(reply, BaseException) and _acquire_reply(reply)[0]
-            if granted:
-                reply = _acquire_reply(reply)[1]
-        else:
-            granted = reply >= 1
-        if granted:
-            first = self.first
-            if first is None:
-                self.first = reply
-            elif reply != first:
-                self.mixed = True
-            self.tokens[index] = reply
-            after = self.after
-            if after is None or after[index] <= monotonic():
+        tokens = self.tokens
+        if tokens is None:  # a release
+            if reply == 1:
                 self.yes += 1
-            else:
+            elif reply == 0:
                 self.no += 1
-        else:
-            self.no += 1
-        if self.waiter is not None and (
-            not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare))
-        ):
-            self._settle()
-
-
-class _Tally(_Gather):
-    """A release's fan-out: 1 (released) is a yes, 0 (not ours) a no, a failure neither.
-
-    NOTE: its ``deliver`` repeats the bookkeeping lines of :class:`_Ballot`'s on purpose.
-    One shared ``deliver`` calling a per-class judgement costs 5% more instructions per
-    Redlock cycle (``python -m benchmarks.instructions``: 475,667 against 452,440): on
-    Python 3.11 its attribute look-ups see two classes in turn and lose their
-    specialization, besides the extra call.
-    """
-
-    __slots__ = ()
-
-    def deliver(self, index: int, reply: Any) -> None:
-        replies = self.replies
-        if replies[index] is not _NO_ANSWER:
-            return
-        replies[index] = reply
-        self.left -= 1
-        if reply == 1:
-            self.yes += 1
-        elif reply == 0:
-            self.no += 1
+        else:  # an acquire
+            if type(reply) is not int:
+                # An older table answer (see _acquire_reply), an error or no connection.
+                ok = not isinstance(reply, BaseException) and _acquire_reply(reply)[0]
+                reply = _acquire_reply(reply)[1] if ok else 0
+            if reply < 1:
+                self.no += 1
+            else:
+                first = self.first
+                if first is None:
+                    self.first = reply
+                elif reply != first:
+                    self.mixed = True
+                tokens[index] = reply
+                after = self.after
+                if after is None or after[index] <= monotonic():
+                    self.yes += 1
+                else:
+                    self.no += 1
         if self.waiter is not None and (
             not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare))
         ):
