@@ -1336,7 +1336,17 @@ class _Votes(_Gather):
     def __init__(
         self, n: int, need: int, *, acquire: bool, after: Sequence[float] | None = None
     ) -> None:
-        super().__init__(n, None, need)
+        # (_Gather.__init__ written out: two of these are made per lock cycle)
+        self.replies: list[Any] = [_NO_ANSWER] * n
+        self.left = n
+        self.waiter: asyncio.Future[None] | None = None
+        self.check: Callable[[], bool] | None = None
+        self.vote: Vote | None = None
+        self.counted = self.decidable = True
+        self.need = need
+        self.spare = n - need
+        self.yes = self.no = 0
+        self.armed = False
         #: Per node, from when its votes count (``None``: every node counts).
         self.after = after
         #: An acquire's tokens by node (None for a release).
@@ -1376,10 +1386,13 @@ class _Votes(_Gather):
                     self.yes += 1
                 else:
                     self.no += 1
-        if self.waiter is not None and (
-            not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare))
+        waiter = self.waiter
+        if (
+            waiter is not None
+            and (not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare)))
+            and not waiter.done()
         ):
-            self._settle()
+            waiter.set_result(None)
 
 
 class _Expiries:
