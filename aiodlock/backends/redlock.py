@@ -383,6 +383,7 @@ class RedlockBackend(Backend):
         self._after: list[float] | None = None
         self._board = _Board(self._quiet)
         self._local: dict[str, _Local] = {}
+        self._local_limit = 1024
         self._waiters: dict[tuple[str, str], _RedlockWaiter] = {}
         #: (channel key, owner) -> no attempt before then (the random pause of a split vote)
         self._not_before: dict[tuple[str, str], float] = {}
@@ -751,8 +752,11 @@ class RedlockBackend(Backend):
         return local.holder is not None and local.holder_until > now
 
     def _tidy(self, channel_key: str, local: _Local) -> None:
-        if local.holder is None and not local.attempts and self._local.get(channel_key) is local:
-            del self._local[channel_key]
+        # NOTE: an idle entry answers like a missing one, so it stays for the name's next
+        # acquire (one object less per lock cycle) until there are many.
+        if len(self._local) > self._local_limit:
+            self._local = {k: v for k, v in self._local.items() if v.holder or v.attempts}
+            self._local_limit = max(1024, 2 * len(self._local))
 
     def _forget_holder(self, channel_key: str, owner: str) -> None:
         local = self._local.get(channel_key)
