@@ -85,7 +85,7 @@ class CommonConfig:
     op_timeout: float = 5.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Request:
     """One owner's wish to take one name."""
 

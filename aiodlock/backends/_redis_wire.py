@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -172,7 +173,7 @@ def _settle(future: asyncio.Future[Any], reply: Any) -> None:
 
 def resolver(future: asyncio.Future[Any]) -> OnReply:
     """A callback that sets ``future``'s result to the reply (unless it is done)."""
-    return lambda reply: _settle(future, reply)
+    return functools.partial(_settle, future)  # (one Python call per reply, not two)
 
 
 class Pipe(asyncio.Protocol):

@@ -676,16 +676,12 @@ class RedisNode:
         k, a = _release_call(keys, owner, token)
         return bool(await self.run(RELEASE, k, a, timeout=timeout) == 1)
 
-    def start_release(self, keys: LockKeys, owner: str, token: str = "") -> Awaitable[bool]:
-        """:meth:`release`, sent on the link now (only with a link); await the answer."""
+    def start_release(self, keys: LockKeys, owner: str, token: str = "") -> Awaitable[Any]:
+        """:meth:`release`, sent on the link now (only with a link); await the script's
+        answer (1: released, 0: not held by ``owner``)."""
         template, anyone = self._release_calls((keys, owner))
         call = template.fill(token) if token else anyone
-        return self._finish_release(self.start_call(call), call.keys, call.args)
-
-    async def _finish_release(
-        self, sent: asyncio.Future[Any], k: Sequence[bytes], a: Sequence[Any]
-    ) -> bool:
-        return bool(await self.finish(sent, RELEASE, k, a) == 1)
+        return self.finish(self.start_call(call), RELEASE, call.keys, call.args)
 
     async def release_transfer(
         self,
@@ -1747,10 +1743,10 @@ class RedisBackend(Backend):
             return None
         return self._receiver(grant.name, grant.owner)
 
-    async def _released(self, grant: Grant, data: _GrantData, pending: Awaitable[bool]) -> bool:
-        """The plain release's answer; reserves the next attempt for the local waiter its
-        message wakes."""
-        released = await pending
+    async def _released(self, grant: Grant, data: _GrantData, pending: Awaitable[Any]) -> bool:
+        """The plain release's answer (True or 1: released); reserves the next attempt for
+        the local waiter its message wakes."""
+        released = bool(await pending == 1)
         if released and not data.fair and self._expects_message(data.keys):
             self._handoffs[grant.name] = monotonic() + self._handoff_window
         return released
