@@ -164,7 +164,6 @@ class _Hold:
         "acquired_at",
         "client",
         "count",
-        "done_callback",
         "entries",
         "expires_at",
         "fixed_ttl",
@@ -217,7 +216,6 @@ class _Hold:
         self.last_error: str | None = None
         #: One per ``async with`` level (outermost first); see Lock.__aenter__.
         self.entries: list[BodyEntry] = []
-        self.done_callback: Callable[[asyncio.Task[Any]], None] | None = None
         self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
 
     @property
@@ -281,6 +279,8 @@ class Client:
         #: A unique string per client instance; owners are ``f"{id}:{n}"``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], _Hold] = {}
+        #: owner -> how many of ``_holds`` are its
+        self._holding: dict[str, int] = {}
         #: A task's owner string, by a weak reference to the task (an entry goes when its
         #: task is freed).  NOTE: looked up with a plain ``weakref.ref(task)``, which equals
         #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
@@ -349,6 +349,13 @@ class Client:
         if self._state != "open":
             return
         self._state = "closed"
+        # The tasks that used this client no longer need to tell it when they end (their
+        # callback would keep a closed client alive as long as a long-lived task).
+        for ref in list(self._owners):
+            task = ref()
+            if task is not None:
+                task.remove_done_callback(self._task_ended)
+        self._owners.clear()  # (after a re-open, a task is a new owner, watched again)
         with anyio.CancelScope(shield=True):
             holds = [h for h in self._holds.values() if not h.server_released]
             for hold in holds:
@@ -478,6 +485,8 @@ class Client:
             self._owner_seq += 1
             owner = f"{self.id}:{self._owner_seq}"
             self._owners[weakref.ref(task, self._owner_gone)] = owner
+            # One callback per task (not per hold): it releases what the task still holds.
+            task.add_done_callback(self._task_ended)
         return owner
 
     def current_hold(self, name: str) -> _Hold | None:
@@ -556,9 +565,8 @@ class Client:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
         self._holds[(name, owner)] = hold
+        self._holding[owner] = self._holding.get(owner, 0) + 1
         self._watchdog.track(hold)
-        hold.done_callback = self._task_done_factory(hold)
-        task.add_done_callback(hold.done_callback)
         if self._observers:
             notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
         return hold.lease
@@ -577,31 +585,34 @@ class Client:
                     exc_info=True,
                 )
 
-    def _task_done_factory(self, hold: _Hold) -> Callable[[asyncio.Task[Any]], None]:
-        ref = weakref.ref(hold)
-
-        def done(task: asyncio.Task[Any]) -> None:
-            h = ref()
-            if h is None or h.released or self._state != "open":
-                return
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A task that used this client ended: release what it still holds (a bug of the
+        caller's, but the lock must not stay taken until its lease ends)."""
+        if self._state != "open":
+            return
+        owner = self._owners.get(weakref.ref(task))
+        if owner is None or not self._holding.get(owner):
+            return
+        for hold in [h for h in self._holds.values() if h.owner == owner and not h.released]:
             log.warning(
                 "aiodlock: task %r ended while holding lock %r; releasing it",
                 task.get_name(),
-                h.name,
+                hold.name,
             )
-            self._forget(h)
-            self.spawn(self._server_release(h), f"release-orphan:{h.name}")
-
-        return done
+            self._forget(hold)
+            self.spawn(self._server_release(hold), f"release-orphan:{hold.name}")
 
     def _forget(self, hold: _Hold) -> None:
         hold.released = True
         hold.count = 0
-        if hold.done_callback is not None:
-            hold.task.remove_done_callback(hold.done_callback)
-            hold.done_callback = None
-        if self._holds.get((hold.name, hold.owner)) is hold:
-            del self._holds[(hold.name, hold.owner)]
+        key = (hold.name, hold.owner)
+        if self._holds.get(key) is hold:
+            del self._holds[key]
+            left = self._holding[hold.owner] - 1
+            if left:
+                self._holding[hold.owner] = left
+            else:
+                del self._holding[hold.owner]
         self._watchdog.untrack(hold)
 
     def release(self, name: str) -> Awaitable[None]:

@@ -627,9 +627,7 @@ class RedisNode:
             a: tuple[Any, ...] = (owner, lease_ms, waiter_ms, b"1" if queue else b"0")
         else:
             if self.link is not None and timeout is None and not self.sync_replicas:
-                # The hot path: the call packed once per owner and lease length.
-                call = self._acquire_calls((keys, owner, lease_ms))
-                value: int = await self.finish(self.start_call(call), ACQUIRE, call.keys, call.args)
+                value: int = await self.acquire_plain(keys, owner, lease_ms)
                 return value
             script = ACQUIRE
             k = (keys.lock, keys.counter)
@@ -651,6 +649,13 @@ class RedisNode:
                 f"the lock was released again"
             )
         return value
+
+    def acquire_plain(self, keys: LockKeys, owner: str, lease_ms: int) -> Awaitable[Any]:
+        """:meth:`acquire` of a non-fair lock on the link (only with a link and without
+        ``sync_replicas``): what to await.  The hot path: the call is packed once per owner
+        and lease length, and no coroutine of its own is made."""
+        call = self._acquire_calls((keys, owner, lease_ms))
+        return self.finish(self.start_call(call), ACQUIRE, call.keys, call.args)
 
     async def renew(
         self,
@@ -1596,22 +1601,26 @@ class RedisBackend(Backend):
                     del self._handoffs[name]
         if waiter is not None:
             waiter.woken = False
-        keys = self.keys_for(name)
+        keys = self._keys(name)
         ttl = request.ttl
         started = monotonic()
         if waiter is not None:
             # NOTE: no await since the check of waiter.delivered: a release either handed
             # over before (taken above) or sees this flag and picks another waiter.
             waiter.attempting = True
+        node = self.node
         try:
-            value = await self.node.acquire(
-                keys,
-                request.owner,
-                _ms(ttl),
-                fair=request.fair,
-                queue=will_wait,
-                waiter_ms=self._lease_waiter_ms,
-            )
+            if request.fair or node.link is None or node.sync_replicas:
+                value = await node.acquire(
+                    keys,
+                    request.owner,
+                    _ms(ttl),
+                    fair=request.fair,
+                    queue=will_wait,
+                    waiter_ms=self._lease_waiter_ms,
+                )
+            else:
+                value = await node.acquire_plain(keys, request.owner, _ms(ttl))
         finally:
             if handoff:
                 self._handoffs.pop(name, None)

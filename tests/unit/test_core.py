@@ -322,6 +322,40 @@ async def test_task_that_ends_holding_a_lock_releases_it(
     assert any("ended while holding" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_task_is_watched_once_and_not_after_close() -> None:
+    """The task-end watch is one callback per task (not one per hold), removed at close:
+    a closed client is not kept alive by a long-lived task, and a re-opened one still
+    releases what an ended task held."""
+    client = aiodlock.connect("memory://task-watch")
+    await client.open()
+    lock = client.lock("watched")
+    for _ in range(3):
+        await lock.acquire()
+        await lock.release()
+    task = asyncio.current_task()
+    assert task is not None
+    watchers = [cb for cb, _ in task._callbacks if getattr(cb, "__self__", None) is client]  # type: ignore[attr-defined]
+    assert len(watchers) == 1
+    await client.close()
+    assert not [cb for cb, _ in task._callbacks if getattr(cb, "__self__", None) is client]  # type: ignore[attr-defined]
+
+    await client.open()
+    try:
+
+        async def forgetful() -> aiodlock.Lease:
+            return await client.lock("orphan-again").acquire()
+
+        lease = await asyncio.create_task(forgetful())
+        for _ in range(100):
+            if lease.released:
+                break
+            await asyncio.sleep(0.01)
+        assert lease.released
+        assert await client.status("orphan-again") is None
+    finally:
+        await client.close()
+
+
 async def test_observer_sees_events(client: aiodlock.Client) -> None:
     events: list[tuple[str, str]] = []
 
