@@ -288,6 +288,8 @@ class Client:
         # (drops the entry of a freed task; refers to the dict only, not to the client)
         self._owner_gone = functools.partial(_drop, self._owners)
         self._owner_seq = 0
+        #: Closed: the tasks' end callbacks were removed (see _watch_tasks).
+        self._unwatched = False
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock: asyncio.Lock | None = None
         self._watchdog = Watchdog(self)
@@ -339,6 +341,8 @@ class Client:
                     ) from exc
                 raise
             self._state = "open"
+            if self._unwatched:
+                self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._watchdog.start()
 
     async def close(self) -> None:
@@ -349,13 +353,9 @@ class Client:
         if self._state != "open":
             return
         self._state = "closed"
-        # The tasks that used this client no longer need to tell it when they end (their
-        # callback would keep a closed client alive as long as a long-lived task).
-        for ref in list(self._owners):
-            task = ref()
-            if task is not None:
-                task.remove_done_callback(self._task_ended)
-        self._owners.clear()  # (after a re-open, a task is a new owner, watched again)
+        # The tasks that used this client no longer tell it when they end (their callback
+        # would keep a closed client alive as long as a long-lived task).
+        self._watch_tasks(False)
         with anyio.CancelScope(shield=True):
             holds = [h for h in self._holds.values() if not h.server_released]
             for hold in holds:
@@ -373,6 +373,17 @@ class Client:
                     await self._backend.aclose()
             except Exception:
                 log.warning("aiodlock: closing the backend failed", exc_info=True)
+
+    def _watch_tasks(self, on: bool) -> None:
+        """Add or remove the task-end callback of every live task that has an owner here."""
+        self._unwatched = not on
+        for ref in list(self._owners):
+            task = ref()
+            if task is not None and not task.done():
+                if on:
+                    task.add_done_callback(self._task_ended)
+                else:
+                    task.remove_done_callback(self._task_ended)
 
     async def __aenter__(self) -> Client:
         await self.open()
@@ -486,7 +497,8 @@ class Client:
             owner = f"{self.id}:{self._owner_seq}"
             self._owners[weakref.ref(task, self._owner_gone)] = owner
             # One callback per task (not per hold): it releases what the task still holds.
-            task.add_done_callback(self._task_ended)
+            if not self._unwatched:
+                task.add_done_callback(self._task_ended)
         return owner
 
     def current_hold(self, name: str) -> _Hold | None:

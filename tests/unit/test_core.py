@@ -322,6 +322,12 @@ async def test_task_that_ends_holding_a_lock_releases_it(
     assert any("ended while holding" in r.getMessage() for r in caplog.records)
 
 
+def _watchers(task: asyncio.Task[Any], client: aiodlock.Client) -> int:
+    """How many done-callbacks of ``task`` are methods of ``client``."""
+    callbacks = task._callbacks or ()  # type: ignore[attr-defined]
+    return sum(1 for cb, _ in callbacks if getattr(cb, "__self__", None) is client)
+
+
 async def test_a_task_is_watched_once_and_not_after_close() -> None:
     """The task-end watch is one callback per task (not one per hold), removed at close:
     a closed client is not kept alive by a long-lived task, and a re-opened one still
@@ -334,13 +340,19 @@ async def test_a_task_is_watched_once_and_not_after_close() -> None:
         await lock.release()
     task = asyncio.current_task()
     assert task is not None
-    watchers = [cb for cb, _ in task._callbacks if getattr(cb, "__self__", None) is client]  # type: ignore[attr-defined]
-    assert len(watchers) == 1
+    assert _watchers(task, client) == 1
     await client.close()
-    assert not [cb for cb, _ in task._callbacks if getattr(cb, "__self__", None) is client]  # type: ignore[attr-defined]
+    assert _watchers(task, client) == 0
 
     await client.open()
     try:
+        # The same task, the same owner, watched again.
+        assert (
+            len([cb for cb, _ in task._callbacks if getattr(cb, "__self__", None) is client]) == 1
+        )  # type: ignore[attr-defined]
+        await lock.acquire()
+        assert lock.held
+        await lock.release()
 
         async def forgetful() -> aiodlock.Lease:
             return await client.lock("orphan-again").acquire()
