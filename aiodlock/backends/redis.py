@@ -1177,7 +1177,7 @@ class HubWaiter:
                     await slot.event.wait()
         if slot.event.is_set():
             # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = anyio.Event()
+            slot.event = asyncio.Event()
             self._backoff.reset()
             self.woken = True
 
