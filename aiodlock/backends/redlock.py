@@ -658,15 +658,8 @@ class RedlockBackend(Backend):
         """
         deliver = gather.deliver
         if type(request) is ScriptCall:
-            data = request.data
             for index, node in enumerate(nodes):
-                # (Link.eval, its hot path inline: this runs for every node of every lock
-                # operation)
-                pipe = node.link.pipe
-                if pipe is not None and pipe.broken is None:
-                    pipe.send_one(data, functools.partial(deliver, index), request)
-                else:
-                    node.link.eval(request, functools.partial(deliver, index))
+                node.link.eval(request, functools.partial(deliver, index))
         elif type(request) is list:
             for index, node in enumerate(nodes):
                 node.link.eval(request[index], functools.partial(deliver, index))
