@@ -265,14 +265,28 @@ class Pipe(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
-        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order."""
+    def send(
+        self,
+        data: bytes,
+        callbacks: Sequence[OnReply],
+        calls: Sequence[ScriptCall | None] | None = None,
+    ) -> None:
+        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order.
+
+        ``calls``: per command, the script it runs by EVALSHA (or None), as in
+        :meth:`send_one`.
+        """
         if self.broken is not None:
             for callback in callbacks:
                 callback(self.broken)
             return
         now = monotonic()
-        self._waiting.extend([(callback, None, now) for callback in callbacks])
+        if calls is None:
+            self._waiting.extend([(callback, None, now) for callback in callbacks])
+        else:
+            self._waiting.extend(
+                [(callback, call, now) for callback, call in zip(callbacks, calls, strict=True)]
+            )
         if self._timer is None and self.op_timeout is not None:
             self._arm(now + self.op_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
@@ -371,8 +385,17 @@ class Link:
         self.pipe = None
         return None
 
-    def send(self, data: bytes, callbacks: Sequence[OnReply]) -> None:
-        """Write ``data``; ``callbacks`` get the replies (or the failure) in order."""
+    def send(
+        self,
+        data: bytes,
+        callbacks: Sequence[OnReply],
+        calls: Sequence[ScriptCall | None] | None = None,
+    ) -> None:
+        """Write ``data``; ``callbacks`` get the replies (or the failure) in order.
+
+        ``calls``: per command, the script it runs by EVALSHA, or None (see Pipe.send_one:
+        the pipe answers NOSCRIPT by sending the script's source).
+        """
         if self.closed:
             error = NodeConnectionError("the connection is closed")
             for callback in callbacks:
@@ -380,7 +403,7 @@ class Link:
             return
         pipe = self._usable()
         if pipe is not None:
-            pipe.send(data, callbacks)
+            pipe.send(data, callbacks, calls)
             return
         task = self._connecting
         if task is None:
@@ -397,7 +420,7 @@ class Link:
             elif (exc := task.exception()) is not None:
                 error = exc
             else:
-                task.result().send(data, callbacks)
+                task.result().send(data, callbacks, calls)
                 return
             for callback in callbacks:
                 callback(error)
@@ -491,7 +514,7 @@ class Link:
         if pipe is not None and pipe.broken is None:
             pipe.send_one(call.data, deliver, call)  # (NOSCRIPT is handled by the pipe)
             return
-        self.send(call.data, [self._on_eval(call, deliver)])
+        self.send(call.data, [deliver], [call])
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
         """Run scripts in one write; ``deliver`` gets the list of replies (or the first
@@ -512,19 +535,8 @@ class Link:
 
             return collect
 
-        callbacks = [self._on_eval(call, collector(i)) for i, call in enumerate(calls)]
-        self.send(b"".join(call.data for call in calls), callbacks)
-
-    def _on_eval(self, call: ScriptCall, deliver: OnReply) -> OnReply:
-        def on_reply(reply: Any) -> None:
-            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                # NOTE: NOSCRIPT means it did not run: send it again with its source (only
-                # after a SCRIPT FLUSH: every connection loads the scripts first).
-                self.send(call.with_source(), [deliver])
-                return
-            deliver(reply)
-
-        return on_reply
+        callbacks = [collector(i) for i in range(len(calls))]
+        self.send(b"".join(call.data for call in calls), callbacks, calls)
 
     def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
         self.send(pack(*args), [deliver])

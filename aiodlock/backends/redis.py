@@ -87,7 +87,6 @@ from ._redis_scripts import (
 from ._redis_wire import (
     Address,
     CallTemplate,
-    EvalPacker,
     Link,
     ReplyError,
     ScriptCall,
@@ -342,7 +341,6 @@ class RedisNode:
         #: The pipelined connection that carries every command (one server, no Sentinel,
         #: no WAIT), else None: commands go through redis-py's connections.
         self.link = link
-        self._pack_eval = EvalPacker()
         #: The hot calls, packed once (see acquire_call and release_calls).
         self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
         self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
@@ -467,7 +465,7 @@ class RedisNode:
         """Run ``script`` once (EVALSHA, EVAL on NOSCRIPT), bounded and translated."""
         if self.link is not None and (timeout is None or timeout == self.op_timeout):
             # The link's own timer bounds the call by op_timeout.
-            return await self.finish(self.start(script, keys, args), script, keys, args)
+            return await self.finish(self.start(script, keys, args), script.name)
         # NOTE: the hot path (every acquire and release): _bounded() and _eval() inlined.
         self.round_trips += 1
         entry = self._deadlines.enter(self.op_timeout if timeout is None else timeout)
@@ -475,7 +473,7 @@ class RedisNode:
             conns = self._conns
             try:
                 if self.link is not None:
-                    reply = await self.link.call(self._pack_eval(script, keys, args))
+                    reply = await self._eval(ScriptCall(script, keys, args))
                     result = _wire_reply(reply, raise_errors=True)
                 elif conns is not None:
                     result = await conns.call(("EVALSHA", script.sha, len(keys), *keys, *args))
@@ -500,37 +498,28 @@ class RedisNode:
 
         Only with a link (``self.link``); never raises: a failure is the future's result.
         """
-        assert self.link is not None
-        self.round_trips += 1
-        return self.link.call(self._pack_eval(script, keys, args))
+        return self.start_call(ScriptCall(script, keys, args))
 
     def start_call(self, call: ScriptCall) -> asyncio.Future[Any]:
-        """:meth:`start` for a call packed already (NOSCRIPT is handled by the link)."""
-        assert self.link is not None
+        """:meth:`start` for a call packed already."""
         self.round_trips += 1
+        return self._eval(call)
+
+    def _eval(self, call: ScriptCall) -> asyncio.Future[Any]:
+        """Send ``call`` on the link; the future gets the reply (the pipe itself answers a
+        NOSCRIPT by sending the script's source)."""
+        assert self.link is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.link.eval(call, resolver(future))
         return future
 
-    async def finish(
-        self,
-        sent: asyncio.Future[Any],
-        script: Script,
-        keys: Sequence[bytes],
-        args: Sequence[Any],
-    ) -> Any:
-        """The answer to :meth:`start`, as :meth:`run` gives it (EVAL on NOSCRIPT; errors
-        translated; bounded by op_timeout through the link's timer)."""
+    async def finish(self, sent: asyncio.Future[Any], what: str) -> Any:
+        """The answer to :meth:`start`, as :meth:`run` gives it (errors translated; bounded
+        by op_timeout through the link's timer; a NOSCRIPT was answered by the pipe)."""
         try:
-            reply = await sent
-            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                # NOTE: NOSCRIPT means the script did not run, so sending it again is safe.
-                assert self.link is not None
-                self.round_trips += 1
-                reply = await self.link.call(pack(b"EVAL", script.source, len(keys), *keys, *args))
-            return _wire_reply(reply, raise_errors=True)
+            return _wire_reply(await sent, raise_errors=True)
         except Exception as exc:
-            raise self._translated(exc, script.name)  # noqa: B904 - __cause__ is set there
+            raise self._translated(exc, what)  # noqa: B904 - __cause__ is set there
 
     async def _pipeline(
         self,
@@ -608,7 +597,7 @@ class RedisNode:
 
     # -- the protocol ----------------------------------------------------------------------
 
-    async def acquire(
+    def acquire(
         self,
         keys: LockKeys,
         owner: str,
@@ -618,17 +607,32 @@ class RedisNode:
         queue: bool = False,
         waiter_ms: int = 0,
         timeout: float | None = None,
+    ) -> Awaitable[int]:
+        """One attempt (what to await): the token (``>= 1``) if granted; else ``-1 - ms``
+        until a retry may be worth it (the holder's remaining lease...), or 0 when no such
+        time is known."""
+        if not fair and self.link is not None and timeout is None and not self.sync_replicas:
+            # The hot path: the call is packed once per owner and lease length, and no
+            # coroutine of its own is made.
+            call = self._acquire_calls((keys, owner, lease_ms))
+            return self.finish(self.start_call(call), ACQUIRE.name)
+        return self._acquire(keys, owner, lease_ms, fair, queue, waiter_ms, timeout)
+
+    async def _acquire(
+        self,
+        keys: LockKeys,
+        owner: str,
+        lease_ms: int,
+        fair: bool,
+        queue: bool,
+        waiter_ms: int,
+        timeout: float | None,
     ) -> int:
-        """One attempt: the token (``>= 1``) if granted; else ``-1 - ms`` until a retry may
-        be worth it (the holder's remaining lease...), or 0 when no such time is known."""
         if fair:
             script = ACQUIRE_FAIR
             k: tuple[bytes, ...] = (keys.lock, keys.counter, keys.queue, keys.deadlines)
             a: tuple[Any, ...] = (owner, lease_ms, waiter_ms, b"1" if queue else b"0")
         else:
-            if self.link is not None and timeout is None and not self.sync_replicas:
-                value: int = await self.acquire_plain(keys, owner, lease_ms)
-                return value
             script = ACQUIRE
             k = (keys.lock, keys.counter)
             a = (owner, lease_ms)
@@ -649,13 +653,6 @@ class RedisNode:
                 f"the lock was released again"
             )
         return value
-
-    def acquire_plain(self, keys: LockKeys, owner: str, lease_ms: int) -> Awaitable[Any]:
-        """:meth:`acquire` of a non-fair lock on the link (only with a link and without
-        ``sync_replicas``): what to await.  The hot path: the call is packed once per owner
-        and lease length, and no coroutine of its own is made."""
-        call = self._acquire_calls((keys, owner, lease_ms))
-        return self.finish(self.start_call(call), ACQUIRE, call.keys, call.args)
 
     async def renew(
         self,
@@ -686,7 +683,7 @@ class RedisNode:
         answer (1: released, 0: not held by ``owner``)."""
         template, anyone = self._release_calls((keys, owner))
         call = template.fill(token) if token else anyone
-        return self.finish(self.start_call(call), RELEASE, call.keys, call.args)
+        return self.finish(self.start_call(call), RELEASE.name)
 
     async def release_transfer(
         self,
@@ -1608,19 +1605,15 @@ class RedisBackend(Backend):
             # NOTE: no await since the check of waiter.delivered: a release either handed
             # over before (taken above) or sees this flag and picks another waiter.
             waiter.attempting = True
-        node = self.node
         try:
-            if request.fair or node.link is None or node.sync_replicas:
-                value = await node.acquire(
-                    keys,
-                    request.owner,
-                    _ms(ttl),
-                    fair=request.fair,
-                    queue=will_wait,
-                    waiter_ms=self._lease_waiter_ms,
-                )
-            else:
-                value = await node.acquire_plain(keys, request.owner, _ms(ttl))
+            value = await self.node.acquire(
+                keys,
+                request.owner,
+                _ms(ttl),
+                fair=request.fair,
+                queue=will_wait,
+                waiter_ms=self._lease_waiter_ms,
+            )
         finally:
             if handoff:
                 self._handoffs.pop(name, None)
