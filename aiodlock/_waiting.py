@@ -17,6 +17,7 @@ import contextlib
 import math
 import random
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 import anyio
@@ -26,7 +27,7 @@ from .backends._base import Busy, Grant, Request, Waiter, monotonic
 if TYPE_CHECKING:
     from .backends._base import Backend
 
-__all__ = ["Backoff", "BackoffWaiter", "BoardWaiter", "WakeupBoard", "acquire_loop"]
+__all__ = ["Backoff", "BackoffWaiter", "BoardWaiter", "Wakeup", "WakeupBoard", "acquire_loop"]
 
 
 async def acquire_loop(
@@ -47,22 +48,30 @@ async def acquire_loop(
         if request.fair:
             await backend.abandon(request)
         return None
-    granted = False
+    granted: Grant | None = None
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            waiter = await _enter_waiter(stack, backend, request, deadline)
-            if waiter is None:
-                return None  # the deadline passed while the waiter was being set up
+        context = backend.waiter(request)
+        waiter = await _enter_waiter(context, deadline)
+        if waiter is None:
+            return None  # the deadline passed while the waiter was being set up
+        # NOTE: what ``async with context`` does, spelled out: no coroutine or exit stack
+        # of its own per wait (this is every contended acquisition's path).
+        try:
             while True:
                 # NOTE: the waiter is live here, so a release after this attempt wakes us.
                 result = await backend.try_acquire(request, will_wait=True)
                 if isinstance(result, Grant):
-                    granted = True
-                    return result
+                    granted = result
+                    break
                 remaining = math.inf if deadline is None else deadline - monotonic()
                 if remaining <= 0:
-                    return None
+                    break
                 await waiter.wait(_sleep_for(result, remaining))
+        except BaseException as exc:
+            await context.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await context.__aexit__(None, None, None)
+        return granted
     finally:
         if not granted and request.fair:
             # A fair backend keeps a queue entry between attempts: drop it (shielded, as
@@ -73,22 +82,22 @@ async def acquire_loop(
 
 
 async def _enter_waiter(
-    stack: contextlib.AsyncExitStack, backend: Backend, request: Request, deadline: float | None
+    context: AbstractAsyncContextManager[Waiter], deadline: float | None
 ) -> Waiter | None:
-    """Enter ``backend.waiter(request)`` on ``stack``, at most until ``deadline``.
+    """Enter the waiter ``context``, at most until ``deadline``.
 
     Setting a waiter up can take a round trip or more (a subscription confirmed by the
     server, a watch); it must not stretch ``timeout=X`` beyond X.  None: the deadline
-    passed first (what the set-up had done is undone by its own clean-up).
+    passed first (what the set-up had done is undone by its own clean-up: a context
+    manager whose ``__aenter__`` fails is not entered).
     """
-    context = backend.waiter(request)
     if deadline is None:
-        return await stack.enter_async_context(context)
+        return await context.__aenter__()
     loop = asyncio.get_running_loop()
     bound = asyncio.timeout_at(loop.time() + max(0.0, deadline - monotonic()))
     try:
         async with bound:
-            return await stack.enter_async_context(context)
+            return await context.__aenter__()
     except TimeoutError:
         if bound.expired():
             return None
@@ -137,11 +146,61 @@ class BackoffWaiter:
         await anyio.sleep(delay if timeout is None else min(delay, timeout))
 
 
-class _Slot:
-    __slots__ = ("event",)
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Wakeup:
+    """A wake-up flag that ONE task at a time waits on, with an optional time limit.
+
+    What :class:`asyncio.Event` does for a waiter's slot, without the list of waiters, and a
+    timed wait without :func:`asyncio.timeout` (no cancellation of the task, one timer): a
+    slot is waited on by its own task only, once per contended acquisition.
+    """
+
+    __slots__ = ("_future", "_set")
 
     def __init__(self) -> None:
-        self.event = asyncio.Event()
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            future = self._future
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Return once set, or after ``timeout`` seconds (``None``: no limit)."""
+        if self._set:
+            return
+        if self._future is not None:
+            raise RuntimeError("a Wakeup is waited on by one task at a time")
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _expire, future)
+        try:
+            await future
+        finally:
+            self._future = None
+            if timer is not None:
+                timer.cancel()
+
+
+class _Slot:
+    """One local waiter's place on a :class:`WakeupBoard`."""
+
+    __slots__ = ("event", "key", "name")
+
+    def __init__(self, name: str = "", key: int = 0) -> None:
+        self.event = Wakeup()
+        self.name = name
+        self.key = key
 
 
 class WakeupBoard:
@@ -168,20 +227,33 @@ class WakeupBoard:
 
     @contextlib.contextmanager
     def register(self, name: str) -> Iterator[_Slot]:
-        self._seq += 1
-        key = self._seq
-        slot = _Slot()
-        self._slots.setdefault(name, collections.OrderedDict())[key] = slot
+        """A place for one waiter of ``name`` while inside (:meth:`add`, :meth:`remove`)."""
+        slot = self.add(name)
         try:
             yield slot
         finally:
-            slots = self._slots.get(name)
-            if slots is not None:
-                slots.pop(key, None)
-                if not slots:
-                    del self._slots[name]
-            if slot.event.is_set():
-                self.wake_one(name)
+            self.remove(slot)
+
+    def add(self, name: str) -> _Slot:
+        """A new waiter of ``name``, the last in line; :meth:`remove` it when it leaves."""
+        self._seq += 1
+        slot = _Slot(name, self._seq)
+        slots = self._slots.get(name)
+        if slots is None:
+            slots = self._slots[name] = collections.OrderedDict()
+        slots[slot.key] = slot
+        return slot
+
+    def remove(self, slot: _Slot) -> None:
+        """The waiter leaves; a wake-up it did not consume goes to the next one."""
+        name = slot.name
+        slots = self._slots.get(name)
+        if slots is not None:
+            slots.pop(slot.key, None)
+            if not slots:
+                del self._slots[name]
+        if slot.event.is_set():
+            self.wake_one(name)
 
     def wake_one(self, name: str) -> bool:
         slots = self._slots.get(name)
@@ -226,16 +298,9 @@ class BoardWaiter:
             delay = self._backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
-        if timeout is None:
-            await slot.event.wait()
-        else:
-            try:
-                async with asyncio.timeout(timeout):
-                    await slot.event.wait()
-            except TimeoutError:
-                pass
+        await slot.event.wait(timeout)
         if slot.event.is_set():
             # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = asyncio.Event()
+            slot.event = Wakeup()
             if self._backoff is not None:
                 self._backoff.reset()

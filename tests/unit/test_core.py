@@ -8,7 +8,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -55,29 +55,57 @@ def counting_client(space: str | None = None, **options: object) -> aiodlock.Cli
     return aiodlock.Client(counting)
 
 
-class SlowWaiterMemory(MemoryBackend):
-    """The memory backend on the shared try-then-wait loop, with a waiter whose set-up never
-    finishes (a subscription the server never confirms)."""
+class LoopMemory(MemoryBackend):
+    """The memory backend on the shared try-then-wait loop (``Backend.acquire``), whose
+    ``waiter`` the subclasses below replace; ``events`` records what happened to them."""
 
     backend_name = "memory"
     acquire = Backend.acquire  # type: ignore[assignment]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.entered = 0
-        self.cleaned = 0
+        self.events: list[object] = []
+
+
+LoopT = TypeVar("LoopT", bound=LoopMemory)
+
+
+class SlowWaiterMemory(LoopMemory):
+    """A waiter whose set-up never finishes (a subscription the server never confirms)."""
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._stuck()
 
     @contextlib.asynccontextmanager
     async def _stuck(self) -> AsyncIterator[Any]:
-        self.entered += 1
+        self.events.append("entered")
         try:
             await asyncio.sleep(HANG)
             yield None
         finally:
-            self.cleaned += 1
+            self.events.append("cleaned")
+
+
+class RecordingWaiterMemory(LoopMemory):
+    """The default (polling) waiter, recording what each waiter's exit is called with."""
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Any]:
+        return _RecordingWaiter(self, super().waiter(request))
+
+
+class _RecordingWaiter:
+    def __init__(
+        self, backend: RecordingWaiterMemory, inner: contextlib.AbstractAsyncContextManager[Any]
+    ) -> None:
+        self.backend = backend
+        self.inner = inner
+
+    async def __aenter__(self) -> Any:
+        return await self.inner.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        self.backend.events.append(exc_info[0])
+        return await self.inner.__aexit__(*exc_info)
 
 
 @pytest.fixture
@@ -124,31 +152,74 @@ async def test_a_lock_cycle_leaves_no_cyclic_garbage(client: aiodlock.Client) ->
         await asyncio.wait_for(lease.wait_lost(), 0.05)
 
 
-async def test_a_slow_waiter_set_up_does_not_stretch_the_timeout() -> None:
-    plain = aiodlock.testing.memory_client()
-    backend = plain.backend
+def on_the_loop(cls: type[LoopT]) -> LoopT:
+    """A fresh memory space served by ``cls`` (a :class:`LoopMemory`)."""
+    backend = aiodlock.testing.memory_client().backend
     assert isinstance(backend, MemoryBackend)
-    slow = SlowWaiterMemory(backend.space_name, backend.config)
-    async with aiodlock.Client(slow) as c:
-        holder = asyncio.Event()
-        done = asyncio.Event()
+    return cls(backend.space_name, backend.config)
 
-        async def hold() -> None:
-            async with c.lock("slow-waiter"):
-                holder.set()
-                await done.wait()
 
-        task = asyncio.create_task(hold())
-        await holder.wait()
-        started = time.monotonic()
-        with pytest.raises(aiodlock.LockTimeout):
-            await c.lock("slow-waiter").acquire(timeout=0.2)
-        assert time.monotonic() - started < 2.0  # about the timeout, not the set-up's HANG
-        assert slow.entered == slow.cleaned == 1
+@contextlib.asynccontextmanager
+async def held_by_another_task(client: aiodlock.Client, name: str) -> AsyncIterator[asyncio.Event]:
+    """``name`` held by another task of ``client`` until the event is set (or the end)."""
+    holding = asyncio.Event()
+    done = asyncio.Event()
+
+    async def hold() -> None:
+        async with client.lock(name):
+            holding.set()
+            await done.wait()
+
+    task = asyncio.create_task(hold())
+    await holding.wait()
+    try:
+        yield done
+    finally:
         done.set()
         await task
+
+
+async def test_a_slow_waiter_set_up_does_not_stretch_the_timeout() -> None:
+    slow = on_the_loop(SlowWaiterMemory)
+    async with aiodlock.Client(slow) as c:
+        async with held_by_another_task(c, "slow-waiter"):
+            started = time.monotonic()
+            with pytest.raises(aiodlock.LockTimeout):
+                await c.lock("slow-waiter").acquire(timeout=0.2)
+            assert time.monotonic() - started < 2.0  # about the timeout, not the set-up's HANG
+            assert slow.events == ["entered", "cleaned"]
         assert await c.lock("slow-waiter").try_acquire() is not None
         await c.lock("slow-waiter").release()
+
+
+async def test_the_wait_loop_leaves_its_waiter_once_with_what_ended_it() -> None:
+    recording = on_the_loop(RecordingWaiterMemory)
+    async with aiodlock.Client(recording) as c:
+        async with held_by_another_task(c, "waits") as done:
+            # Timed out: the waiter is left normally, then LockTimeout is raised.
+            with pytest.raises(aiodlock.LockTimeout):
+                await c.lock("waits").acquire(timeout=0.05)
+            assert recording.events == [None]
+            # Cancelled while waiting: the waiter's exit sees the cancellation.
+            waiting = asyncio.create_task(c.lock("waits").acquire())
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert recording.events == [None, asyncio.CancelledError]
+            # Granted after a wait: left normally, once.
+            waiting = asyncio.create_task(c.lock("waits").acquire(timeout=5))
+            await asyncio.sleep(0.05)
+            done.set()
+            lease = await waiting
+        assert recording.events == [None, asyncio.CancelledError, None]
+        assert lease.token > 1
+        # (the task that acquired is gone: the client released its lock)
+        for _ in range(100):
+            if await c.status("waits") is None:
+                break
+            await asyncio.sleep(0.01)
+        assert await c.status("waits") is None
 
 
 async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:
