@@ -30,10 +30,12 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
+import math
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal, Self, TypeAlias
 
 import anyio
@@ -57,7 +59,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._errors import BackendError, ConfigurationError, describe, translating
 from .._lease import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_int, take_str
-from .._waiting import Backoff, WakeupBoard
+from .._waiting import Backoff, Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,
@@ -345,6 +347,9 @@ class RedisNode:
         self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
         self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
             release_calls
+        )
+        self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
+            transfer_template
         )
         self._conns = (
             None
@@ -701,12 +706,14 @@ class RedisNode:
         (nothing changed), -1 when it was released but not handed over (a fair queue
         exists; its next waiter was notified as :meth:`release` does).
         """
-        reply = await self.run(
-            RELEASE_TRANSFER,
-            (keys.lock, keys.counter, keys.queue, keys.deadlines),
-            (owner, token, receiver, lease_ms, keys.channel, keys.waiter_prefix),
-            timeout=timeout,
-        )
+        if self.link is not None and timeout is None:
+            # A hand-off between two tasks of this process: packed once per pair and lease
+            # length, but for the token.
+            call = self._transfer_calls((keys, owner, receiver, lease_ms)).fill(token)
+            reply = await self.finish(self.start_call(call), RELEASE_TRANSFER.name)
+        else:
+            k, a = _transfer_call(keys, owner, token, receiver, lease_ms)
+            reply = await self.run(RELEASE_TRANSFER, k, a, timeout=timeout)
         return int(reply)
 
     async def abandon(self, keys: LockKeys, owner: str, *, timeout: float | None = None) -> bool:
@@ -763,6 +770,29 @@ def _release_call(
 ) -> tuple[tuple[bytes, ...], tuple[str, str, bytes, bytes]]:
     """KEYS and ARGV of the RELEASE script."""
     return (keys.lock, keys.queue, keys.deadlines), (owner, token, keys.channel, keys.waiter_prefix)
+
+
+def _transfer_call(
+    keys: LockKeys, owner: str, token: str, receiver: str, lease_ms: int
+) -> tuple[tuple[bytes, ...], tuple[str, str, str, int, bytes, bytes]]:
+    """KEYS and ARGV of the RELEASE_TRANSFER script."""
+    return (keys.lock, keys.counter, keys.queue, keys.deadlines), (
+        owner,
+        token,
+        receiver,
+        lease_ms,
+        keys.channel,
+        keys.waiter_prefix,
+    )
+
+
+def transfer_template(index: tuple[LockKeys, str, str, int]) -> CallTemplate:
+    """The RELEASE_TRANSFER call of ``(keys, releasing owner, receiving owner, lease ms)``,
+    packed but for the releaser's token (argument 1): memoize it, fill in the token per
+    hand-off."""
+    keys, owner, receiver, ms = index
+    k, a = _transfer_call(keys, owner, "", receiver, ms)
+    return CallTemplate(RELEASE_TRANSFER, k, a, 1)
 
 
 def acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
@@ -840,10 +870,61 @@ class _HubDown(RedisConnectionError):
     """The pub/sub connection stopped answering PING."""
 
 
+class _QuietWatch:
+    """Notices a pub/sub connection that went silent: ``interval`` seconds after the last
+    thing read it sends PING; when nothing has come ``patience`` seconds later, it cancels
+    the reading ``task`` (which then sees :attr:`expired`).  One timer per connection, not
+    a timeout per message read."""
+
+    __slots__ = ("_handle", "_interval", "_patience", "_send", "_task", "clock", "expired", "last")
+
+    def __init__(
+        self,
+        task: asyncio.Task[Any],
+        interval: float,
+        patience: float,
+        send: Callable[..., None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = task
+        self._interval = interval
+        self._patience = patience
+        self._send = send
+        #: The loop's clock; the reader sets :attr:`last` from it per message.
+        self.clock = loop.time
+        #: When something was last read.
+        self.last = loop.time()
+        #: The PING went unanswered: the task was cancelled for it.
+        self.expired = False
+        self._handle = loop.call_later(interval, self._quiet)
+
+    def _quiet(self) -> None:
+        """Due ``interval`` after the last read, unless something came since."""
+        loop = asyncio.get_running_loop()
+        left = self.last + self._interval - loop.time()
+        if left > 0:
+            self._handle = loop.call_later(left, self._quiet)
+            return
+        sent = loop.time()
+        self._send(b"PING")
+        self._handle = loop.call_later(self._patience, self._answered, sent)
+
+    def _answered(self, sent: float) -> None:
+        """Due ``patience`` after a PING."""
+        if self.last >= sent:
+            self._quiet()
+            return
+        self.expired = True
+        self._task.cancel()
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
 class PubSubHub:
     """One pub/sub connection shared by every waiter of one backend (all names).
 
-    A waiter enters :meth:`subscription` for its channel before its next attempt; the hub
+    A waiter subscribes to its channel (:meth:`subscribe`) before its next attempt; the hub
     subscribes when the first local waiter of a channel arrives (and waits, bounded, until
     the server confirmed it, so a release after the attempt cannot be missed) and
     unsubscribes when the last one leaves.  A message wakes ONE local waiter of that channel
@@ -915,13 +996,14 @@ class PubSubHub:
         state = self._channels.get(channel)
         return None if state is None else state.ready_since
 
-    @contextlib.asynccontextmanager
-    async def subscription(self, channel: bytes) -> AsyncIterator[_Channel]:
-        """Be subscribed to ``channel`` while inside (shared with other local waiters).
+    async def subscribe(self, channel: bytes) -> _Channel:
+        """Be subscribed to ``channel`` (shared with other local waiters) until :meth:`leave`.
 
-        The subscription lingers for ``linger`` seconds after the last local waiter left,
-        so a task that waits again at once (a loop on a contended lock, a fair waiter on its
-        own channel) does not pay a SUBSCRIBE round trip each time.
+        Returns once the server confirmed it, or after ``op_timeout`` (the pub/sub
+        connection is down: the waiter then polls).  The subscription lingers for
+        ``linger`` seconds after the last local waiter left, so a task that waits again at
+        once (a loop on a contended lock, a fair waiter on its own channel) does not pay a
+        SUBSCRIBE round trip each time.  If this raises (a cancellation), it left already.
         """
         state = self._channels.get(channel)
         if state is None:
@@ -942,15 +1024,20 @@ class PubSubHub:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.op_timeout):
                         await state.ready.wait()
-            yield state
-        finally:
-            state.wanted -= 1
-            if state.wanted == 0:
-                if state.requested and self._conn is not None:
-                    loop = asyncio.get_running_loop()
-                    state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
-                elif state.inflight == 0 and self._channels.get(channel) is state:
-                    del self._channels[channel]
+        except BaseException:
+            self.leave(channel, state)
+            raise
+        return state
+
+    def leave(self, channel: bytes, state: _Channel) -> None:
+        """One local waiter no longer needs ``channel`` (see :meth:`subscribe`)."""
+        state.wanted -= 1
+        if state.wanted == 0:
+            if state.requested and self._conn is not None:
+                loop = asyncio.get_running_loop()
+                state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
+            elif state.inflight == 0 and self._channels.get(channel) is state:
+                del self._channels[channel]
 
     def _unsubscribe(self, channel: bytes, state: _Channel) -> None:
         state.linger = None
@@ -1059,21 +1146,28 @@ class PubSubHub:
                 await conn.send_command(*args, check_health=False)
 
     async def _reader(self, conn: AbstractConnection, writer: asyncio.Task[None]) -> None:
-        ping_sent: float | None = None
-        while True:
-            if writer.done():
-                writer.result()  # raises what broke the writer
-                raise _HubDown("the pub/sub writer stopped")
-            timeout = self.op_timeout if ping_sent is not None else self.ping_interval
-            reply = await conn.read_response(timeout=timeout, push_request=True)
-            if reply is None:
-                if ping_sent is not None:
-                    raise _HubDown(f"no answer to PING within {self.op_timeout} s")
-                ping_sent = monotonic()
-                self._send(b"PING")
-                continue
-            ping_sent = None  # anything that arrives proves the connection alive
-            self._dispatch(reply)
+        task = asyncio.current_task()
+        assert task is not None
+        # NOTE: one timer for the connection's silence, not a timeout per message read
+        # (redis-py's read_response(timeout=...) enters asyncio.timeout for every message).
+        watch = _QuietWatch(task, self.ping_interval, self.op_timeout, self._send)
+        try:
+            while True:
+                if writer.done():
+                    writer.result()  # raises what broke the writer
+                    raise _HubDown("the pub/sub writer stopped")
+                try:
+                    # (math.inf: no timeout of redis-py's own for this read)
+                    reply = await conn.read_response(timeout=math.inf, push_request=True)
+                except asyncio.CancelledError:
+                    if watch.expired and task.uncancel() == 0:
+                        raise _HubDown(f"no answer to PING within {self.op_timeout} s") from None
+                    raise
+                watch.last = watch.clock()  # anything that arrives proves the line alive
+                if reply is not None:
+                    self._dispatch(reply)
+        finally:
+            watch.stop()
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:
@@ -1166,21 +1260,117 @@ class HubWaiter:
             delay = self._backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
-        if timeout is None:
-            await slot.event.wait()
-        else:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await slot.event.wait()
+        await slot.event.wait(timeout)
         if slot.event.is_set():
             # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = asyncio.Event()
+            slot.event = Wakeup()
             self._backoff.reset()
             self.woken = True
 
     def wake(self) -> None:
         """Wake this waiter (whatever the others on its channel are doing)."""
         self._slot.event.set()
+
+
+class _Waiting:
+    """:meth:`RedisBackend.waiter`: one owner waiting for a name (a class, not a generator:
+    every contended acquisition enters and leaves one).
+
+    Entering takes a place on the board, then the name's channel (a fair waiter: its own
+    channel, so a release wakes only the next in line), then registers the waiter for
+    same-process hand-offs; leaving undoes it in the reverse order, first giving back what
+    a hand-off left the waiter (shielded: this may run because the task was cancelled).
+    """
+
+    __slots__ = (
+        "_backend",
+        "_channel",
+        "_hub",
+        "_key",
+        "_keys",
+        "_local",
+        "_request",
+        "_slot",
+        "_state",
+        "_waiter",
+    )
+
+    def __init__(self, backend: RedisBackend, request: Request) -> None:
+        self._backend = backend
+        self._request = request
+
+    async def __aenter__(self) -> HubWaiter:
+        backend = self._backend
+        request = self._request
+        keys = self._keys = backend.keys_for(request.name)
+        channel = keys.waiter_channel(request.owner) if request.fair else keys.channel
+        self._channel = channel
+        hub = self._hub = backend.hub
+        self._key = (request.name, request.owner)
+        slot = self._slot = backend._board.add(channel.decode("latin-1"))
+        try:
+            state = self._state = await hub.subscribe(channel)
+        except BaseException:
+            backend._board.remove(slot)
+            raise
+        try:
+            return self._register(slot, state)
+        except BaseException:  # pragma: no cover - (no await in there: a bug)
+            hub.leave(channel, state)
+            backend._board.remove(slot)
+            raise
+
+    def _register(self, slot: Any, state: _Channel) -> HubWaiter:
+        backend = self._backend
+        request = self._request
+        key = self._key
+        waiter = self._waiter = HubWaiter(
+            slot,
+            functools.partial(self._hub.is_ready, self._channel),
+            owner=request.owner,
+            ttl=request.ttl,
+        )
+        if state.missed:
+            # A release came while no local waiter listened: try again at once.
+            state.missed = 0
+            slot.event.set()
+        first = backend._first_busy.pop(key, None)
+        ready_since = state.ready_since
+        if first is not None and ready_since is not None and ready_since <= first[0]:
+            # subscribed before that attempt was sent: no need to ask again now
+            waiter.skip = first
+        backend._waiters[key] = waiter
+        local: dict[str, HubWaiter] | None = None
+        if not request.fair:
+            local = backend._local.setdefault(request.name, {})
+            local[request.owner] = waiter
+        self._local = local
+        return waiter
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        backend = self._backend
+        request = self._request
+        waiter = self._waiter
+        try:
+            waiter.closing = True
+            key = self._key
+            if backend._waiters.get(key) is waiter:
+                del backend._waiters[key]
+            local = self._local
+            if local is not None and local.get(request.owner) is waiter:
+                del local[request.owner]
+                if not local and backend._local.get(request.name) is local:
+                    del backend._local[request.name]
+            if (
+                waiter.transfer is not None
+                or waiter.delivered is not None
+                or (waiter.uncertain and not waiter.granted)
+            ):
+                with anyio.CancelScope(shield=True):
+                    await backend._settle(waiter, self._keys)
+        finally:
+            self._hub.leave(self._channel, self._state)
+            backend._board.remove(self._slot)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1635,51 +1825,7 @@ class RedisBackend(Backend):
         return busy
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        return self._waiter(request)
-
-    @contextlib.asynccontextmanager
-    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
-        keys = self.keys_for(request.name)
-        # A fair waiter listens on its own channel: a release wakes only the next in line.
-        channel = keys.waiter_channel(request.owner) if request.fair else keys.channel
-        hub = self.hub
-        key = (request.name, request.owner)
-        with self._board.register(channel.decode("latin-1")) as slot:
-            async with hub.subscription(channel) as state:
-                waiter = HubWaiter(
-                    slot, lambda: hub.is_ready(channel), owner=request.owner, ttl=request.ttl
-                )
-                if state.missed:
-                    # A release came while no local waiter listened: try again at once.
-                    state.missed = 0
-                    slot.event.set()
-                first = self._first_busy.pop(key, None)
-                ready_since = state.ready_since
-                if first is not None and ready_since is not None and ready_since <= first[0]:
-                    # subscribed before that attempt was sent: no need to ask again now
-                    waiter.skip = first
-                self._waiters[key] = waiter
-                local: dict[str, HubWaiter] | None = None
-                if not request.fair:
-                    local = self._local.setdefault(request.name, {})
-                    local[request.owner] = waiter
-                try:
-                    yield waiter
-                finally:
-                    waiter.closing = True
-                    if self._waiters.get(key) is waiter:
-                        del self._waiters[key]
-                    if local is not None and local.get(request.owner) is waiter:
-                        del local[request.owner]
-                        if not local and self._local.get(request.name) is local:
-                            del self._local[request.name]
-                    if (
-                        waiter.transfer is not None
-                        or waiter.delivered is not None
-                        or (waiter.uncertain and not waiter.granted)
-                    ):
-                        with anyio.CancelScope(shield=True):
-                            await self._settle(waiter, keys)
+        return _Waiting(self, request)
 
     async def _settle(self, waiter: HubWaiter, keys: LockKeys) -> None:
         """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left it.

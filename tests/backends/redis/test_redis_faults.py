@@ -129,6 +129,35 @@ async def test_paused_server_gives_backend_errors_and_recovers(
 
 
 @pytest.mark.slow
+async def test_a_silent_pubsub_connection_is_noticed_by_its_ping_and_replaced(
+    redis_factory: Any, make_client: ClientFactory
+) -> None:
+    # A paused server keeps its TCP connections open: only the hub's PING, sent when the
+    # connection has been quiet for ping_interval (1 s here) and unanswered within
+    # op_timeout, tells that it went silent.  The hub then reconnects once the server is
+    # back, and the waiter is still woken by the next release.
+    server = redis_factory()
+    holder = await make_client(server.url, op_timeout=5.0)
+    waiter = await make_client(server.url, op_timeout=0.3, watchdog_ttl=3.0)
+    hub = backend_of(waiter).hub
+    await holder.lock("quiet").acquire()
+    waiting = asyncio.create_task(waiter.lock("quiet").acquire(timeout=HANG))
+    await eventually(lambda: hub.channels() != [] and hub.connections == 1, what="subscribed")
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(server.pause)
+    try:
+        # ping_interval (1 s) + op_timeout (0.3 s): the hub gives the connection up
+        await eventually(lambda: not hub.connected.is_set(), what="the hub noticed", timeout=5)
+    finally:
+        await asyncio.to_thread(server.resume)
+    await eventually(lambda: hub.connections >= 2 and hub.connected.is_set(), what="reconnected")
+    assert not waiting.done()
+    await holder.lock("quiet").release()
+    lease = await asyncio.wait_for(waiting, HANG)
+    assert lease.token == 2
+
+
+@pytest.mark.slow
 async def test_paused_server_while_holding_loses_the_lease_on_time(
     redis_factory: Any, make_client: ClientFactory
 ) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+import random
 from typing import Any
 
 import pytest
@@ -341,3 +343,61 @@ async def test_abandon_after_a_handoff_deletes_only_its_own_owner(
     assert await raw.exists(_lock_key(namespace, "abandon")) == 0
     busy = await backend.try_acquire(Request("abandon", "me:4", 30.0), will_wait=False)
     assert not isinstance(busy, Busy)
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["non-fair", "fair"])
+async def test_random_timeouts_and_cancellations_leave_nothing_behind(
+    make_client: ClientFactory, fair: bool
+) -> None:
+    # Waiters that time out, are cancelled at random points, or get the lock, on two clients
+    # at once: nobody overlaps, tokens increase, and at the end no key, no local waiter, no
+    # board slot and no wanted subscription is left.
+    clients = [await make_client(), await make_client()]
+    rng = random.Random(1234)
+    inside = 0
+    overlaps = 0
+    tokens: list[int] = []
+    outcomes = collections.Counter[str]()
+
+    async def attempt(client: aiodlock.Client) -> None:
+        nonlocal inside, overlaps
+        timeout = rng.choice([0, 0.002, 0.01, None])
+        try:
+            async with client.lock("chaos", timeout=timeout, fair=fair) as lease:
+                inside += 1
+                try:
+                    if inside != 1:
+                        overlaps += 1
+                    tokens.append(lease.token)
+                    await asyncio.sleep(rng.choice([0, 0, 0.001]))
+                finally:
+                    inside -= 1  # (a cancellation may end the body here)
+            outcomes["held"] += 1
+        except aiodlock.LockTimeout:
+            outcomes["timed out"] += 1
+
+    async def worker(client: aiodlock.Client) -> None:
+        for _ in range(25):
+            task = asyncio.create_task(attempt(client))
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.uniform(0, 0.003))
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                outcomes["cancelled"] += 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker(c) for c in clients for _ in range(5))), HANG)
+    assert overlaps == 0
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    assert outcomes["held"] > 0
+    assert outcomes["cancelled"] > 0
+    for client in clients:
+        backend = backend_of(client)
+        await eventually(lambda b=backend: not b._waiters and not b._local, what="no waiter")
+        assert backend._board.names() == []
+        assert backend.hub.channels() == []  # (lingering subscriptions are not wanted)
+        assert await client.status("chaos") is None
+    lease = await clients[0].lock("chaos", fair=fair).acquire(timeout=0)
+    assert lease.token > tokens[-1]
+    await clients[0].lock("chaos", fair=fair).release()
