@@ -45,7 +45,7 @@ import functools
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, Self
 
 import anyio
@@ -55,7 +55,7 @@ from redis.asyncio.connection import AbstractConnection, SSLConnection
 from .._errors import BackendError, BackendTimeout, ConfigurationError, describe, translating
 from .._lease import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_str
-from .._waiting import WakeupBoard
+from .._waiting import Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,
@@ -301,7 +301,7 @@ class _RedlockWaiter:
 
     def _consume(self) -> None:
         if self._slot.event.is_set():
-            self._slot.event = asyncio.Event()
+            self._slot.event = Wakeup()
             self.woken = True
 
     async def wait(self, timeout: float | None) -> None:
@@ -317,11 +317,87 @@ class _RedlockWaiter:
         limit = backend._poll_interval()
         if timeout is not None:
             limit = min(limit, timeout)
-        if not slot.event.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(limit):
-                    await slot.event.wait()
+        await slot.event.wait(limit)
         self._consume()
+
+
+class _Waiting:
+    """:meth:`RedlockBackend.waiter`: one owner waiting for a name (a class, not generator
+    context managers: every contended acquisition enters and leaves one).
+
+    Entering takes a place on the board, then the name's channel on every node: it waits
+    (briefly) until a majority of the nodes confirmed the subscription, since a holder's
+    release reaches a majority, so at least one of its messages then reaches us.  Nodes
+    that are down or slow are not waited for; their subscription completes (or not) in the
+    background, and the waiter's random polling covers the rest.  Leaving undoes it all.
+    """
+
+    __slots__ = (
+        "_backend",
+        "_channel",
+        "_entered",
+        "_entering",
+        "_key",
+        "_request",
+        "_slot",
+        "_waiter",
+    )
+
+    def __init__(self, backend: RedlockBackend, request: Request) -> None:
+        self._backend = backend
+        self._request = request
+
+    async def __aenter__(self) -> _RedlockWaiter:
+        backend = self._backend
+        channel = self._channel = backend.keys_for(self._request.name).channel
+        ckey = channel.decode("latin-1")
+        key = self._key = (ckey, self._request.owner)
+        slot = self._slot = backend._board.add(ckey)
+        self._waiter: _RedlockWaiter | None = None
+        #: (hub, its channel state) subscribed, and (hub, task) still subscribing
+        self._entered: list[tuple[PubSubHub, Any]] = []
+        self._entering: list[tuple[PubSubHub, asyncio.Task[Any]]] = []
+        try:
+            nodes = backend.nodes
+            for node in nodes:
+                hub = node.hub
+                if hub.is_ready(channel):
+                    # (returns at once: already subscribed)
+                    self._entered.append((hub, await hub.subscribe(channel)))
+                else:
+                    task = asyncio.get_running_loop().create_task(hub.subscribe(channel))
+                    self._entering.append((hub, task))
+            if self._entering:
+                await backend._await_subscriptions(
+                    nodes, channel, [task for _, task in self._entering]
+                )
+        except BaseException:
+            self._leave()
+            raise
+        waiter = self._waiter = _RedlockWaiter(backend, slot, key)
+        backend._waiters[key] = waiter
+        return waiter
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        backend = self._backend
+        key = self._key
+        if backend._waiters.get(key) is self._waiter:
+            del backend._waiters[key]
+        backend._not_before.pop(key, None)
+        self._leave()
+
+    def _leave(self) -> None:
+        channel = self._channel
+        for hub, state in self._entered:
+            hub.leave(channel, state)
+        for hub, task in self._entering:
+            if task.done():
+                if not task.cancelled() and task.exception() is None:
+                    hub.leave(channel, task.result())
+            else:
+                # (a cancelled subscribe leaves by itself)
+                task.cancel()
+        self._backend._board.remove(self._slot)
 
 
 # --------------------------------------------------------------------------------------------
@@ -938,61 +1014,7 @@ class RedlockBackend(Backend):
         )
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        return self._waiter(request)
-
-    @contextlib.asynccontextmanager
-    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
-        keys = self.keys_for(request.name)
-        channel = keys.channel
-        ckey = channel.decode("latin-1")
-        key = (ckey, request.owner)
-        with self._board.register(ckey) as slot:
-            async with self._subscribed(channel):
-                waiter = _RedlockWaiter(self, slot, key)
-                self._waiters[key] = waiter
-                try:
-                    yield waiter
-                finally:
-                    if self._waiters.get(key) is waiter:
-                        del self._waiters[key]
-                    self._not_before.pop(key, None)
-
-    @contextlib.asynccontextmanager
-    async def _subscribed(self, channel: bytes) -> AsyncIterator[None]:
-        """Be subscribed to ``channel`` on every node while inside.
-
-        Waits (briefly) until a majority of the nodes confirmed the subscription: a holder's
-        release reaches a majority, so at least one of its messages then reaches us.  Nodes
-        that are down or slow are not waited for; their subscription completes (or not) in
-        the background, and the waiter's random polling covers the rest.
-        """
-        nodes = self.nodes
-        contexts: list[contextlib.AbstractAsyncContextManager[Any]] = [
-            node.hub.subscription(channel) for node in nodes
-        ]
-        entered: list[contextlib.AbstractAsyncContextManager[Any]] = []
-        entering: list[tuple[contextlib.AbstractAsyncContextManager[Any], asyncio.Task[Any]]] = []
-        try:
-            for node, context in zip(nodes, contexts, strict=True):
-                if node.hub.is_ready(channel):
-                    await context.__aenter__()  # returns at once: already subscribed
-                    entered.append(context)
-                else:
-                    task = asyncio.get_running_loop().create_task(context.__aenter__())
-                    entering.append((context, task))
-            if entering:
-                await self._await_subscriptions(nodes, channel, [t for _, t in entering])
-            yield
-        finally:
-            for context in entered:
-                await context.__aexit__(None, None, None)
-            for context, task in entering:
-                if task.done():
-                    if not task.cancelled() and task.exception() is None:
-                        await context.__aexit__(None, None, None)
-                else:
-                    # Its clean-up (unsubscribing) runs in the task when it sees the cancel.
-                    task.cancel()
+        return _Waiting(self, request)
 
     async def _await_subscriptions(
         self, nodes: Sequence[_Node], channel: bytes, tasks: list[asyncio.Task[Any]]
