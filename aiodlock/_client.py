@@ -37,7 +37,7 @@ from ._errors import (
 from ._lease import Lease, LockStatus
 from ._observers import Observer, notify
 from ._registry import load_backend
-from ._url import parse_url, take_float, take_str
+from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
 from ._watchdog import Watchdog
 from .backends._base import Backend, Capability, CommonConfig, Grant, Request, monotonic
@@ -63,7 +63,7 @@ def default_url() -> str:
     if url:
         return url
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return "sqlite:///" + os.path.join(os.path.abspath(cache), "aiodlock", "locks.db")
+    return sqlite_url(os.path.join(os.path.abspath(cache), "aiodlock", "locks.db"))
 
 
 def connect(url: str | None = None, **options: Any) -> Client:

@@ -12,11 +12,19 @@ import dataclasses
 import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from ._errors import ConfigurationError
 
-__all__ = ["ParsedURL", "parse_url", "take_bool", "take_float", "take_int", "take_str"]
+__all__ = [
+    "ParsedURL",
+    "parse_url",
+    "sqlite_url",
+    "take_bool",
+    "take_float",
+    "take_int",
+    "take_str",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +100,15 @@ def parse_url(url: str) -> ParsedURL:
             raise ConfigurationError(f"URL query option {key!r} is given more than once")
         query[key] = value
     return ParsedURL(scheme, tuple(hosts), username, password, path, query, netloc)
+
+
+def sqlite_url(path: str) -> str:
+    """The ``sqlite://`` URL of the file ``path`` (absolute or relative), read back as that
+    path: ``sqlite:///`` + path, or, when the path has a ``?`` or ``#`` (where a URL's path
+    ends), the percent-encoded option ``path``."""
+    if "?" in path or "#" in path:
+        return "sqlite://?path=" + quote(path, safe="/")
+    return "sqlite:///" + path
 
 
 def _parse_host(part: str, scheme: str) -> tuple[str, int | None]:

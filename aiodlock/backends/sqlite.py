@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
 from .._lease import LockStatus
-from .._url import ParsedURL, take_float, take_str
+from .._url import ParsedURL, sqlite_url, take_float, take_str
 from .._waiting import Backoff, BoardWaiter, WakeupBoard
 from ._base import (
     Backend,
@@ -254,6 +254,16 @@ class SQLiteBackend(Backend):
         # "sqlite:///x.db" -> "x.db" (relative to the current directory),
         # "sqlite:////abs/x.db" -> "/abs/x.db" (as in SQLAlchemy).
         path = url.path[1:] if url.path.startswith("/") else url.path
+        # A path with "?" or "#" cannot be written in the URL's path: the option ``path``
+        # (percent-decoded, as every query value) takes any path.
+        option = take_str(options, "path", None)
+        if option is not None:
+            if path:
+                raise ConfigurationError(
+                    "a sqlite URL gives its file either in the URL's path or in the option "
+                    "'path', not both"
+                )
+            path = option
         if not path or path.endswith("/"):
             raise ConfigurationError(
                 "a sqlite URL needs a file path: 'sqlite:///relative/path.db' or "
@@ -286,7 +296,7 @@ class SQLiteBackend(Backend):
         )
 
     def describe(self) -> str:
-        return f"sqlite:///{self.path}"
+        return sqlite_url(self.path)
 
     # -- the connection ----------------------------------------------------------------------
 

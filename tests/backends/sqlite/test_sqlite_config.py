@@ -111,6 +111,42 @@ async def test_default_url_honours_xdg_cache_home(
     assert expected.is_file()  # open() created the directory and the database
 
 
+@pytest.mark.parametrize("odd", ["a#b", "what?", "x?y#z+%20 ü"])
+async def test_default_url_takes_a_cache_dir_with_url_characters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str
+) -> None:
+    # A "?" or "#" in the cache path would end the URL's path: the default then names the
+    # file in the percent-encoded option 'path', and the file is exactly there.
+    cache = tmp_path / odd
+    monkeypatch.delenv("AIODLOCK_URL", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    expected = cache / "aiodlock" / "locks.db"
+    url = aiodlock.default_url()
+    if "?" in odd or "#" in odd:
+        assert url.startswith("sqlite://?path=/")
+    client = aiodlock.connect()
+    assert backend_of(client).path == str(expected)
+    async with client, client.lock("odd") as lease:
+        assert lease.token == 1
+    assert expected.is_file()
+    assert not (tmp_path / "a").exists()  # nothing made at a truncated path
+
+
+def test_the_path_option_names_any_file(tmp_path: Path) -> None:
+    target = tmp_path / "q?h#p+.db"
+    client = aiodlock.connect("sqlite://", path=str(target))  # a keyword: taken as is
+    assert backend_of(client).path == str(target)
+    # what the client describes itself with names the same file
+    assert backend_of(aiodlock.connect(backend_of(client).describe())).path == str(target)
+    encoded = str(target).replace("%", "%25").replace("?", "%3F").replace("#", "%23")
+    client = aiodlock.connect("sqlite://?path=" + encoded.replace("+", "%2B"))
+    assert backend_of(client).path == str(target)
+    with pytest.raises(aiodlock.ConfigurationError, match="'path', not both"):
+        aiodlock.connect(f"sqlite:///{tmp_path}/x.db", path=str(target))
+    with pytest.raises(aiodlock.ConfigurationError, match="needs a file path"):
+        aiodlock.connect("sqlite://?path=")
+
+
 async def test_aiodlock_url_wins_over_the_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
