@@ -12,7 +12,15 @@ alternate the variants:
   what differs is the server's work): wall time and this process's user/system CPU per
   cycle;
 - ``redlock``: aiodlock's ``redlock://`` on five fresh servers, one task acquiring and
-  releasing one name: this process's CPU and the five servers' CPU per cycle.
+  releasing one name: this process's CPU and the five servers' CPU per cycle;
+- ``placement``: workload A (one task, acquire + release through each adapter: aiodlock's
+  public API and the floor) with this process and the redis-server where the scheduler puts
+  them, pinned to ONE CPU, and pinned to two different CPUs: wall time per cycle, how often
+  per cycle this process went to sleep waiting (voluntary context switches), and the
+  server's time in commands per cycle (``INFO commandstats``).  On a virtual machine a
+  sleeping process woken from another CPU costs tens of microseconds; this table shows how
+  much of a cycle that is, and how a client that is still busy when the reply comes (as a
+  slower one often is) escapes part of it.
 """
 
 from __future__ import annotations
@@ -202,14 +210,98 @@ async def redlock_cost(rounds: int, cycles: int) -> None:
     )
 
 
+def _voluntary_switches() -> int:
+    with open("/proc/thread-self/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split(":")[1])
+    return 0
+
+
+async def placement_cost(rounds: int, cycles: int) -> None:
+    import redis.asyncio as aioredis
+
+    from .adapters import AiodlockRedis, Floor
+
+    cpus = sorted(os.sched_getaffinity(0))
+    placements: dict[str, tuple[set[int], set[int]] | None] = {"scheduler's choice": None}
+    if len(cpus) >= 2:
+        placements["one CPU"] = ({cpus[0]}, {cpus[0]})
+        placements["two CPUs"] = ({cpus[0]}, {cpus[1]})
+    with redis_server() as server:
+        stats = aioredis.Redis(host=server.host, port=server.port)
+        adapters = [AiodlockRedis(server.url), Floor(server.url)]
+        for adapter in adapters:
+            await adapter.open()
+        locks = [adapter.new_lock(f"placement-{adapter.name}") for adapter in adapters]
+        rows: dict[str, list[tuple[float, ...]]] = {}
+        ratios: dict[str, list[float]] = {name: [] for name in placements}
+        try:
+            for _ in range(rounds):
+                for where, pins in placements.items():
+                    mine, theirs = pins if pins is not None else (set(cpus), set(cpus))
+                    os.sched_setaffinity(0, mine)
+                    os.sched_setaffinity(server.pid, theirs)
+                    walls = []
+                    for adapter, lock in zip(adapters, locks, strict=True):
+                        for _ in range(200):
+                            await adapter.acquire(lock)
+                            await adapter.release(lock)
+                        await stats.config_resetstat()
+                        switches, t0 = _voluntary_switches(), time.perf_counter()
+                        for _ in range(cycles):
+                            await adapter.acquire(lock)
+                            await adapter.release(lock)
+                        wall = (time.perf_counter() - t0) / cycles * 1e6
+                        slept = (_voluntary_switches() - switches) / cycles
+                        used = await stats.info("commandstats")
+                        # (minus the INFO/CONFIG calls of this measurement itself)
+                        busy = sum(
+                            v["usec"] for k, v in used.items() if not k.endswith(("info", "config"))
+                        )
+                        rows.setdefault(f"{adapter.name}, {where}", []).append(
+                            (wall, slept, busy / cycles)
+                        )
+                        walls.append(wall)
+                    ratios[where].append(walls[1] / walls[0])
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+            for adapter in adapters:
+                await adapter.close()
+            await stats.aclose()
+    _median_table(
+        "placement: workload A, this process and the server where the scheduler puts them, "
+        "on one CPU, on two",
+        rows,
+        ["wall µs/cycle", "client sleeps per cycle", "server µs in commands per cycle"],
+    )
+    print("\n| placement | aiodlock cycles/s over the floor's |\n|---|---:|")
+    for where, values in ratios.items():
+        print(f"| {where} | {statistics.median(values):.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.costs", description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cycles", type=int, default=10000)
+    parser.add_argument(
+        "--tables",
+        default="server,transport,redlock,placement",
+        help="which tables, comma-separated (default: all four)",
+    )
     args = parser.parse_args(argv)
-    server_cost(args.rounds, args.cycles)
-    asyncio.run(transport_cost(args.rounds, args.cycles))
-    asyncio.run(redlock_cost(args.rounds, args.cycles))
+    tables = set(args.tables.split(","))
+    unknown = tables - {"server", "transport", "redlock", "placement"}
+    if unknown:
+        parser.error(f"unknown table(s): {', '.join(sorted(unknown))}")
+    if "server" in tables:
+        server_cost(args.rounds, args.cycles)
+    if "transport" in tables:
+        asyncio.run(transport_cost(args.rounds, args.cycles))
+    if "redlock" in tables:
+        asyncio.run(redlock_cost(args.rounds, args.cycles))
+    if "placement" in tables:
+        asyncio.run(placement_cost(args.rounds, args.cycles // 2))
     return 0
 
 

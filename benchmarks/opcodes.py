@@ -5,6 +5,8 @@ redis-servers (one for ``--backend redis``, five for ``--backend redlock``), mak
 acquire + release cycles through the public API, then counts the bytecodes the interpreter
 executes during ``--cycles`` more (``sys.settrace`` with opcode events) and prints, per
 cycle, the total, the total per source file and the functions that execute the most.
+``--tasks N``: N tasks of one client contend for the name (each yields once inside); the
+counts are then per contended acquisition.
 
 The count is nearly independent of the machine's speed (only paths that depend on timing,
 such as how many replies one read brings, move it), which makes it a quick yardstick for
@@ -44,21 +46,33 @@ class _Counter:
         return self
 
 
-async def count(url: str, cycles: int, warm_up: int = 200) -> collections.Counter[Key]:
-    """Opcodes executed during ``cycles`` acquire + release cycles on one name."""
+async def count(
+    url: str, cycles: int, warm_up: int = 200, tasks: int = 1
+) -> collections.Counter[Key]:
+    """Opcodes executed during ``cycles`` acquire + release cycles on one name, made by
+    ``tasks`` tasks of one client that contend for it (``cycles`` in all)."""
     import aiodlock
 
     async with aiodlock.connect(url) as client:
         lock = client.lock("opcodes")
-        for _ in range(warm_up):
-            await lock.acquire()
-            await lock.release()
+        left = [warm_up]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await lock.acquire()
+                await asyncio.sleep(0)  # (inside: let the others queue up)
+                await lock.release()
+
+        async def run(n: int) -> None:
+            left[0] = n
+            await asyncio.gather(*(worker() for _ in range(tasks)))
+
+        await run(warm_up)
         counter = _Counter()
         sys.settrace(counter)
         try:
-            for _ in range(cycles):
-                await lock.acquire()
-                await lock.release()
+            await run(cycles)
         finally:
             sys.settrace(None)
     return counter.counts
@@ -84,12 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("redis", "redlock"), default="redlock")
     parser.add_argument("--cycles", type=int, default=500)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        default=1,
+        help="tasks of one client contending for the name (default 1: no contention)",
+    )
     args = parser.parse_args(argv)
+    if args.tasks < 1:
+        parser.error("--tasks must be at least 1")
     n = 5 if args.backend == "redlock" else 1
     servers = temporary_server("redis", lambda s, base: s.RedisGroup(base, n), "aiodlock-opcodes-")
     with servers as group:
         url = f"{args.backend}://" + ",".join(f"{m.host}:{m.port}" for m in group)
-        counts = asyncio.run(count(url, args.cycles))
+        counts = asyncio.run(count(url, args.cycles, tasks=args.tasks))
     print(report(counts, args.cycles, args.top))
     return 0
 
