@@ -27,7 +27,15 @@ from .backends._base import Busy, Grant, Request, Waiter, monotonic
 if TYPE_CHECKING:
     from .backends._base import Backend
 
-__all__ = ["Backoff", "BackoffWaiter", "BoardWaiter", "Wakeup", "WakeupBoard", "acquire_loop"]
+__all__ = [
+    "Backoff",
+    "BackoffWaiter",
+    "BoardWaiter",
+    "Reservations",
+    "Wakeup",
+    "WakeupBoard",
+    "acquire_loop",
+]
 
 
 async def acquire_loop(
@@ -272,6 +280,58 @@ class WakeupBoard:
     def wake_everyone(self) -> None:
         for name in list(self._slots):
             self.wake_all(name)
+
+
+class Reservations:
+    """Hand-off reservations: after a release by this process woke ONE local waiter of a
+    name, the next attempt on that name is that waiter's for up to ``window`` seconds.
+
+    Without it another local task (typically the releasing task, asking again at once)
+    would race the woken waiter with a round trip of its own and usually win, so local
+    waiters would starve behind a task that loops on the lock.  The window only bounds the
+    stall when the woken waiter is gone; its attempt ends the reservation at once.  One
+    per backend, keyed by whatever names a lock there.
+    """
+
+    __slots__ = ("_until", "window")
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._until: dict[str, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._until)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._until
+
+    def reserve(self, name: str) -> None:
+        """A release by this process woke (or its message will wake) a waiter of ``name``."""
+        self._until[name] = monotonic() + self.window
+
+    def active(self, name: str) -> bool:
+        """Is the next attempt on ``name`` reserved right now?"""
+        until = self._until.get(name)
+        return until is not None and until > monotonic()
+
+    def bar(self, name: str, woken: bool) -> float | None:
+        """Seconds an attempt on ``name`` must wait for the reserved one, or None: it may go.
+
+        ``woken``: the attempt is a woken waiter's, which may always go (and must
+        :meth:`end` the reservation once its attempt is answered).
+        """
+        until = self._until.get(name)
+        if until is None or woken:
+            return None
+        left = until - monotonic()
+        if left > 0:
+            return left
+        del self._until[name]
+        return None
+
+    def end(self, name: str) -> None:
+        """The reserved attempt was made."""
+        self._until.pop(name, None)
 
 
 class BoardWaiter:

@@ -59,7 +59,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._errors import BackendError, ConfigurationError, describe, translating
 from .._lease import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_int, take_str
-from .._waiting import Backoff, Wakeup, WakeupBoard
+from .._waiting import Backoff, Reservations, Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,
@@ -1440,17 +1440,16 @@ class RedisBackend(Backend):
         self._node: RedisNode | None = None
         self._hub: PubSubHub | None = None
         self._pubsub_rr = itertools.count()
-        # Local hand-off (non-fair locks): name -> until when (monotonic) a release by this
-        # process reserves the next attempt for the local waiter it woke; and the waiters
-        # of this process by (name, owner).
-        self._handoffs: dict[str, float] = {}
+        # Local hand-off (non-fair locks): by name, the next attempt reserved for the local
+        # waiter a release by this process woke; and the waiters of this process by
+        # (name, owner).
+        self._handoffs = Reservations(min(0.1, config.op_timeout))
         self._waiters: dict[tuple[str, str], HubWaiter] = {}
         # Non-fair waiters of this process by name then owner, oldest first: a release
         # hands the lock straight to one of them (see release()).
         self._local: dict[str, dict[str, HubWaiter]] = {}
         #: Same-process hand-offs done in one round trip (for tests and curious users).
         self.transfers = 0
-        self._handoff_window = min(0.1, config.op_timeout)
         # (name, owner) -> (when it was sent, answer) of an attempt that is about to be
         # followed by entering a waiter (see HubWaiter.skip).
         self._first_busy: dict[tuple[str, str], tuple[float, Busy]] = {}
@@ -1771,21 +1770,15 @@ class RedisBackend(Backend):
                     return Busy(left)
         handoff = False
         if self._handoffs and will_wait and not request.fair:
-            handoff = True
-            until = self._handoffs.get(name)
-            if until is not None:
-                left = until - monotonic()
-                if waiter is not None and waiter.woken:
-                    pass  # the woken waiter makes its attempt
-                elif left > 0:
-                    # NOTE: a release by this process just woke one of its waiters: do not
-                    # barge past it (the releasing task itself asking again, typically).
-                    # No round trip; bounded by the window in case that waiter is gone.
-                    if self._first_busy:
-                        self._first_busy.pop(key, None)
-                    return Busy(left)
-                else:
-                    del self._handoffs[name]
+            woken = waiter is not None and waiter.woken
+            barred = self._handoffs.bar(name, woken)
+            if barred is not None:
+                # NOTE: a release by this process just woke one of its waiters: do not
+                # barge past it (the releasing task itself asking again, typically).
+                if self._first_busy:
+                    self._first_busy.pop(key, None)
+                return Busy(barred)
+            handoff = woken and name in self._handoffs  # (this attempt is the reserved one)
         if waiter is not None:
             waiter.woken = False
         keys = self._keys(name)
@@ -1806,7 +1799,7 @@ class RedisBackend(Backend):
             )
         finally:
             if handoff:
-                self._handoffs.pop(name, None)
+                self._handoffs.end(name)
             if waiter is not None:
                 waiter.attempting = False
         if value > 0:
@@ -1896,7 +1889,7 @@ class RedisBackend(Backend):
         the local waiter its message wakes."""
         released = bool(await pending == 1)
         if released and not data.fair and self._expects_message(data.keys):
-            self._handoffs[grant.name] = monotonic() + self._handoff_window
+            self._handoffs.reserve(grant.name)
         return released
 
     def _expects_message(self, keys: LockKeys) -> bool:
@@ -1968,7 +1961,7 @@ class RedisBackend(Backend):
         if value < 0:
             # Released without a hand-over (a fair queue exists): as release() does.
             if self._expects_message(keys):
-                self._handoffs[grant.name] = monotonic() + self._handoff_window
+                self._handoffs.reserve(grant.name)
             return True
         return False
 

@@ -55,7 +55,7 @@ from redis.asyncio.connection import AbstractConnection, SSLConnection
 from .._errors import BackendError, BackendTimeout, ConfigurationError, describe, translating
 from .._lease import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_str
-from .._waiting import Wakeup, WakeupBoard
+from .._waiting import Reservations, Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,
@@ -465,8 +465,7 @@ class RedlockBackend(Backend):
         self._not_before: dict[tuple[str, str], float] = {}
         #: channel key -> until when a local release reserves the next attempt for the
         #: local waiter it woke
-        self._handoffs: dict[str, float] = {}
-        self._handoff_window = min(0.1, config.op_timeout)
+        self._handoffs = Reservations(min(0.1, config.op_timeout))
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
         every = (settings.password, *(settings.passwords or ()))
@@ -808,10 +807,9 @@ class RedlockBackend(Backend):
 
     def _quiet(self, channel_key: str) -> bool:
         """Is a release message on this channel of no use to local waiters right now?"""
-        now = monotonic()
-        until = self._handoffs.get(channel_key)
-        if until is not None and until > now:
+        if self._handoffs.active(channel_key):
             return True  # a local release already woke a waiter
+        now = monotonic()
         local = self._local.get(channel_key)
         if local is None:
             return False
@@ -863,16 +861,12 @@ class RedlockBackend(Backend):
             if waiter is not None:
                 waiter.woken = False
             if self._handoffs:
-                until = self._handoffs.get(ckey)
-                if until is not None:
-                    if woken:
-                        handoff = True  # the waiter a local release woke makes its attempt
-                    elif until > now:
-                        # NOTE: do not barge past the waiter that a local release woke (the
-                        # releasing task asking again, typically).
-                        return Busy(until - now)
-                    else:
-                        del self._handoffs[ckey]
+                # NOTE: do not barge past the waiter that a local release woke (the
+                # releasing task asking again, typically); that waiter makes its attempt.
+                left = self._handoffs.bar(ckey, woken)
+                if left is not None:
+                    return Busy(left)
+                handoff = woken and ckey in self._handoffs
             if local is not None and local.attempts:
                 # Two local owners cannot both win: they would only split the vote.  The
                 # attempt in flight wakes a waiter if it fails after a release message came.
@@ -891,7 +885,7 @@ class RedlockBackend(Backend):
             return result
         finally:
             if handoff:
-                self._handoffs.pop(ckey, None)
+                self._handoffs.end(ckey)
             local.attempts -= 1
             if local.missed and not local.attempts:
                 local.missed = False
@@ -1148,7 +1142,7 @@ class RedlockBackend(Backend):
                 # Wake a local waiter at once (no need to wait for a message) and reserve
                 # the next attempt for it: the releasing task must not barge back in.
                 self._board.wake_direct(d.channel_key)
-                self._handoffs[d.channel_key] = monotonic() + self._handoff_window
+                self._handoffs.reserve(d.channel_key)
         if tally.yes >= tally.need:
             return True
         n = len(tally.replies)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from aiodlock._waiting import Wakeup, WakeupBoard
+from aiodlock._waiting import Reservations, Wakeup, WakeupBoard
 
 
 async def test_a_wakeup_set_before_the_wait_returns_at_once() -> None:
@@ -77,3 +77,33 @@ async def test_the_board_wakes_one_waiter_and_passes_on_an_unused_wakeup() -> No
     board.remove(second)
     assert "n" not in board
     assert not board.wake_one("n")
+
+
+async def test_a_reservation_bars_others_until_the_woken_waiter_attempts() -> None:
+    reservations = Reservations(30.0)
+    assert not reservations
+    assert reservations.bar("n", woken=False) is None  # nothing reserved: go
+    reservations.reserve("n")
+    assert reservations
+    assert "n" in reservations
+    assert reservations.active("n")
+    left = reservations.bar("n", woken=False)
+    assert left is not None
+    assert 29.0 < left <= 30.0  # another task waits, no round trip
+    assert reservations.bar("other", woken=False) is None  # other names are not concerned
+    assert reservations.bar("n", woken=True) is None  # the woken waiter goes
+    assert reservations.active("n")  # ... and its attempt ends it
+    reservations.end("n")
+    assert not reservations.active("n")
+    assert reservations.bar("n", woken=False) is None
+    assert not reservations
+
+
+async def test_a_reservation_lapses_after_its_window() -> None:
+    # The woken waiter may be gone (timed out, cancelled): the window bounds the stall.
+    reservations = Reservations(0.02)
+    reservations.reserve("n")
+    await asyncio.sleep(0.05)
+    assert not reservations.active("n")
+    assert reservations.bar("n", woken=False) is None
+    assert "n" not in reservations  # dropped on the way
