@@ -550,7 +550,7 @@ class Client:
                 if isinstance(first, Grant):
                     grant: Grant | None = first
                 else:
-                    grant = await acquire_loop(backend, request, deadline, first)
+                    grant = await acquire_loop(backend, request, deadline, first, started)
             else:
                 grant = await backend.acquire(request, deadline)
         except BaseException:

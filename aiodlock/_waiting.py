@@ -39,13 +39,19 @@ __all__ = [
 
 
 async def acquire_loop(
-    backend: Backend, request: Request, deadline: float | None, first: Busy | None = None
+    backend: Backend,
+    request: Request,
+    deadline: float | None,
+    first: Busy | None = None,
+    first_sent: float | None = None,
 ) -> Grant | None:
     """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
 
-    ``first``: the answer of a first attempt the caller already made.
+    ``first``: the answer of a first attempt the caller already made, which it started at
+    ``first_sent`` (monotonic; None if unknown).
     """
     if first is None:
+        first_sent = monotonic()
         result = await backend.try_acquire(
             request, will_wait=deadline is None or deadline > monotonic()
         )
@@ -65,16 +71,20 @@ async def acquire_loop(
         # NOTE: what ``async with context`` does, spelled out: no coroutine or exit stack
         # of its own per wait (this is every contended acquisition's path).
         try:
+            busy = _still_busy(waiter, first, first_sent)
             while True:
-                # NOTE: the waiter is live here, so a release after this attempt wakes us.
-                result = await backend.try_acquire(request, will_wait=True)
-                if isinstance(result, Grant):
-                    granted = result
-                    break
+                if busy is None:
+                    # NOTE: the waiter is live here, so a release after this attempt wakes us.
+                    result = await backend.try_acquire(request, will_wait=True)
+                    if isinstance(result, Grant):
+                        granted = result
+                        break
+                    busy = result
                 remaining = math.inf if deadline is None else deadline - monotonic()
                 if remaining <= 0:
                     break
-                await waiter.wait(_sleep_for(result, remaining))
+                await waiter.wait(_sleep_for(busy, remaining))
+                busy = None
         except BaseException as exc:
             await context.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -112,6 +122,23 @@ async def _enter_waiter(
         raise  # a timeout of the backend's own (BackendTimeout)
 
 
+def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
+    """``first`` (what remains of it) when it needs no second ask, else None.
+
+    A waiter that says it has been listening since before the first attempt was sent
+    (``listening_since``) has been woken by any release since that attempt: asking again
+    before the first sleep would learn nothing (a wake-up already there ends that sleep at
+    once).  Unless the holder's lease has run out meanwhile.
+    """
+    since: float | None = getattr(waiter, "listening_since", None)
+    if sent is None or since is None or since > sent:
+        return None
+    if first.retry_after is None:
+        return first
+    left = first.retry_after - (monotonic() - sent)
+    return Busy(left) if left > 0 else None
+
+
 def _sleep_for(result: Busy, remaining: float) -> float | None:
     limit = remaining
     if result.retry_after is not None:
@@ -140,6 +167,9 @@ class Backoff:
 
 class BackoffWaiter:
     """A waiter that only polls (with :class:`Backoff`)."""
+
+    #: (see :class:`~aiodlock.backends._base.Waiter`: a poller never listens)
+    listening_since: float | None = None
 
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
@@ -340,6 +370,9 @@ class BoardWaiter:
     ``backoff=None`` means purely event-driven (the timeout passed to :meth:`wait` still
     bounds the sleep, e.g. the holder's remaining lease).
     """
+
+    #: (see :class:`~aiodlock.backends._base.Waiter`: a board hears this process only)
+    listening_since: float | None = None
 
     def __init__(self, slot: _Slot, backoff: Backoff | None) -> None:
         self._slot = slot

@@ -120,7 +120,13 @@ class Busy:
 
 
 class Waiter(Protocol):
-    """A wake-up source for one waiting owner (entered before the retry that precedes a wait)."""
+    """A wake-up source for one waiting owner (entered before the retry that precedes a wait).
+
+    A waiter may also have ``listening_since: float | None``: since when (monotonic) a
+    release is certain to wake it (e.g. its subscription confirmed), or None.  When that is
+    before the attempt that preceded the waiter, the loop sleeps at once instead of asking
+    again (see ``_waiting._still_busy``).
+    """
 
     async def wait(self, timeout: float | None) -> None:
         """Return when woken (a release, a lease end) or after ``timeout`` seconds."""

@@ -1218,8 +1218,8 @@ class HubWaiter:
         "closing",
         "delivered",
         "granted",
+        "listening_since",
         "owner",
-        "skip",
         "transfer",
         "ttl",
         "uncertain",
@@ -1250,10 +1250,10 @@ class HubWaiter:
         self.closing = False
         #: A wake-up was consumed and the attempt it calls for has not been made yet.
         self.woken = False
-        #: The answer to the attempt made just before this waiter was entered, when that
-        #: attempt was made while the channel was already subscribed (the retry that follows
-        #: would learn nothing new: any release since then has woken a waiter here).
-        self.skip: tuple[float, Busy] | None = None
+        #: Since when (monotonic) a release message reaches this process on the waiter's
+        #: channel, as it was when the waiter entered (see the Waiter protocol): the core
+        #: then does not repeat an attempt made since.
+        self.listening_since: float | None = None
 
     async def wait(self, timeout: float | None) -> None:
         if not self._listening():
@@ -1334,11 +1334,7 @@ class _Waiting:
             # A release came while no local waiter listened: try again at once.
             state.missed = 0
             slot.event.set()
-        first = backend._first_busy.pop(key, None)
-        ready_since = state.ready_since
-        if first is not None and ready_since is not None and ready_since <= first[0]:
-            # subscribed before that attempt was sent: no need to ask again now
-            waiter.skip = first
+        waiter.listening_since = state.ready_since
         backend._waiters[key] = waiter
         local: dict[str, HubWaiter] | None = None
         if not request.fair:
@@ -1450,9 +1446,6 @@ class RedisBackend(Backend):
         self._local: dict[str, dict[str, HubWaiter]] = {}
         #: Same-process hand-offs done in one round trip (for tests and curious users).
         self.transfers = 0
-        # (name, owner) -> (when it was sent, answer) of an attempt that is about to be
-        # followed by entering a waiter (see HubWaiter.skip).
-        self._first_busy: dict[tuple[str, str], tuple[float, Busy]] = {}
         secrets = (settings.password or "", settings.sentinel_password or "")
         self._secrets = tuple(s for s in secrets if s)
 
@@ -1756,18 +1749,6 @@ class RedisBackend(Backend):
                 waiter.woken = False
                 waiter.granted = True
                 return delivered
-            skip, waiter.skip = waiter.skip, None
-            if skip is not None and not waiter.woken:
-                # NOTE: the attempt just before this one was made while this process was
-                # already subscribed to the channel: a release since then has woken a local
-                # waiter (or is counted as missed and wakes this one at once).  Asking again
-                # now cannot succeed unless the holder's lease ran out: answer locally.
-                sent, busy = skip
-                if busy.retry_after is None:
-                    return busy
-                left = busy.retry_after - (monotonic() - sent)
-                if left > 0:
-                    return Busy(left)
         handoff = False
         if self._handoffs and will_wait and not request.fair:
             woken = waiter is not None and waiter.woken
@@ -1775,8 +1756,6 @@ class RedisBackend(Backend):
             if barred is not None:
                 # NOTE: a release by this process just woke one of its waiters: do not
                 # barge past it (the releasing task itself asking again, typically).
-                if self._first_busy:
-                    self._first_busy.pop(key, None)
                 return Busy(barred)
             handoff = woken and name in self._handoffs  # (this attempt is the reserved one)
         if waiter is not None:
@@ -1805,17 +1784,9 @@ class RedisBackend(Backend):
         if value > 0:
             if waiter is not None:
                 waiter.granted = True
-            if self._first_busy:
-                self._first_busy.pop(key, None)
             data = _GrantData(keys, str(value), request.fair)
             return Grant(name, request.owner, value, started + ttl, data)
-        busy = Busy((-1 - value) / 1000 if value else None)
-        if will_wait and waiter is None:
-            first = self._first_busy
-            if len(first) > 10_000:  # entries of owners that never came to wait
-                first.clear()
-            first[key] = (started, busy)
-        return busy
+        return Busy((-1 - value) / 1000 if value else None)
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
         return _Waiting(self, request)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
@@ -106,6 +107,39 @@ class _RecordingWaiter:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         self.backend.events.append(exc_info[0])
         return await self.inner.__aexit__(*exc_info)
+
+
+class ListeningWaiterMemory(LoopMemory):
+    """Records every attempt and sleep; its waiter says it listens since ``listening_since``
+    and takes ``set_up`` seconds to enter (a subscription being confirmed)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.listening_since: float | None = None
+        self.set_up = 0.0
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Any:
+        self.events.append("attempt")
+        return await super().try_acquire(request, will_wait=will_wait)
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._listening()
+
+    @contextlib.asynccontextmanager
+    async def _listening(self) -> AsyncIterator[Any]:
+        await asyncio.sleep(self.set_up)
+        self.events.append("entered")
+        yield _SleepRecorder(self)
+
+
+class _SleepRecorder:
+    def __init__(self, backend: ListeningWaiterMemory) -> None:
+        self.backend = backend
+        self.listening_since = backend.listening_since
+
+    async def wait(self, timeout: float | None) -> None:
+        self.backend.events.append("sleep")
+        await asyncio.sleep(0.02 if timeout is None else min(timeout, 0.02))
 
 
 @pytest.fixture
@@ -220,6 +254,62 @@ async def test_the_wait_loop_leaves_its_waiter_once_with_what_ended_it() -> None
                 break
             await asyncio.sleep(0.01)
         assert await c.status("waits") is None
+
+
+@pytest.mark.parametrize(
+    ("since", "asks_twice"),
+    [(-math.inf, False), (None, True), (math.inf, True)],
+    ids=["listening-before", "cannot-say", "listening-after"],
+)
+async def test_the_loop_asks_again_before_its_first_sleep_unless_it_was_listening(
+    since: float | None, asks_twice: bool
+) -> None:
+    # A waiter listening since before the first attempt was sent has been woken by any
+    # release since: the loop sleeps at once instead of asking again.
+    backend = on_the_loop(ListeningWaiterMemory)
+    backend.listening_since = since
+    async with aiodlock.Client(backend) as c:
+        async with held_by_another_task(c, "ask") as done:
+            backend.events.clear()
+            waiting = asyncio.create_task(c.lock("ask").acquire(timeout=HANG))
+            while backend.events.count("sleep") < 2:
+                await asyncio.sleep(0.005)
+            done.set()
+            lease = await waiting
+        first = ["attempt", "entered", "attempt", "sleep"] if asks_twice else [
+            "attempt", "entered", "sleep", "attempt"
+        ]  # fmt: skip
+        assert backend.events[:4] == first
+        assert backend.events[-1] == "attempt"  # the one that got it
+        assert lease.token == 2  # (held by the finished task: the client releases it)
+
+
+async def test_the_loop_asks_again_when_the_first_answer_ran_out() -> None:
+    # "Busy for 50 ms more" (a fixed lease), and the waiter took 150 ms to enter: the
+    # holder's lease has ended meanwhile, so the loop asks at once whatever the waiter says.
+    backend = on_the_loop(ListeningWaiterMemory)
+    backend.listening_since = -math.inf
+    backend.set_up = 0.15
+    async with aiodlock.Client(backend) as c:
+        async with held_by_another_task(c, "ran-out"):
+            pass
+        holder = asyncio.Event()
+        done = asyncio.Event()
+
+        async def hold() -> None:
+            async with c.lock("ran-out", ttl=0.05, on_lost="ignore"):
+                holder.set()
+                await done.wait()
+
+        task = asyncio.create_task(hold())
+        await holder.wait()
+        backend.events.clear()
+        lease = await c.lock("ran-out").acquire(timeout=HANG)
+        assert backend.events == ["attempt", "entered", "attempt"]
+        assert lease.token == 3
+        await c.lock("ran-out").release()
+        done.set()
+        await task
 
 
 async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:
