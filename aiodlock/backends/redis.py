@@ -403,8 +403,31 @@ class RedisNode:
                 pipe.execute_command(*command, target_nodes=wait_node)
             else:
                 pipe.execute_command(*command)
-        results: list[Any] = await pipe.execute(raise_on_error=False)
+        if not isinstance(self.client, RedisCluster):
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+            return results
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            await self._relearn_slots()
+            raise
+        if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in results):
+            await self._relearn_slots()
         return results
+
+    async def _relearn_slots(self) -> None:
+        """Make the Cluster client read the slot map again before its next command.
+
+        NOTE: a single command that fails to connect marks redis-py's cluster client for
+        re-initialization, but a pipeline run with ``raise_on_error=False`` keeps the error
+        as a reply and, with retries off, marks nothing: after a master died and its replica
+        took over, every later pipeline (renewals, grants with ``sync_replicas``) would go
+        on asking the dead node.  Closing the client's connections is redis-py's own way to
+        force a new slot map (its pipeline retry and its CLUSTERDOWN handling do the same).
+        """
+        assert isinstance(self.client, RedisCluster)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
 
     def __repr__(self) -> str:
         return f"<RedisNode {self.label}>"

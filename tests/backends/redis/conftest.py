@@ -265,6 +265,15 @@ class ClusterDeployment:
             time.sleep(0.05)
         replica.cli("CLUSTER", "REPLICATE", master_id)
         SentinelDeployment.wait_replica_online(master, replica, timeout)
+        # Every master must know the replica (by gossip from its master, which alone met
+        # it): a master that does not know it ignores its call for votes after a failover.
+        replica_id = replica.cli("CLUSTER", "MYID")
+        while not all(
+            f"{replica_id} " in n.cli("CLUSTER", "NODES", check=False) for n in self.nodes
+        ):
+            if time.monotonic() > deadline:
+                raise ServerError("the masters did not learn about the new replica")
+            time.sleep(0.05)
         # Online is not enough: wait until a write is acknowledged (the replica may still be
         # loading what it was sent).
         probe = self.key_on(master)
@@ -278,6 +287,19 @@ class ClusterDeployment:
                 return replica
             if time.monotonic() > deadline:
                 raise ServerError(f"the replica does not acknowledge writes: {result.stdout}")
+
+    def wait_promoted(self, replica: RedisServer, timeout: float = 30) -> None:
+        """Wait until ``replica`` serves as a master and the live masters agree the cluster
+        is whole again (after its master was killed: node timeout, then an election)."""
+        survivors = [replica, *(n for n in self.nodes if n.running)]
+        deadline = time.monotonic() + timeout
+        while not (
+            replica.cli("ROLE", check=False).startswith("master")
+            and all("cluster_state:ok" in n.cli("CLUSTER", "INFO", check=False) for n in survivors)
+        ):
+            if time.monotonic() > deadline:
+                raise ServerError("the replica was not promoted in time")
+            time.sleep(0.05)
 
     @staticmethod
     def key_on(master: RedisServer) -> str:

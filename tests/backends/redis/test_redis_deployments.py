@@ -239,3 +239,57 @@ async def test_cluster_sync_replicas_waits_on_the_slots_master(
     with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):
         await client.lock(alone).acquire()
     assert await client.status(alone) is None
+
+
+@pytest.mark.slow
+async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
+    cluster_factory: Any, make_client: ClientFactory
+) -> None:
+    # The master of the lock's slot is killed; its replica (which WAIT made sure had the
+    # grant and the counter) is elected in its place.  The holder keeps the lock, renews it
+    # on the new master, and a waiter of another client gets it after the release.
+    deployment: ClusterDeployment = cluster_factory()
+    doomed = deployment.nodes[0]
+    replica = await asyncio.to_thread(deployment.add_replica, doomed)
+    options = {"sync_replicas": 1, "sync_timeout": 0.5, "watchdog_ttl": 6.0, "op_timeout": 1.0}
+    holder = await make_client(deployment.url, **options)
+    other = await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0)
+    backend = backend_of(holder)
+    cluster = backend.client
+    assert isinstance(cluster, RedisCluster)
+    name = next(
+        n
+        for n in (f"c{i}" for i in range(100))
+        if int(cluster.get_node_from_key(backend.keys_for(n).lock).port) == doomed.port
+    )
+    lease = await holder.lock(name).acquire()
+
+    killed = time.monotonic()
+    await asyncio.to_thread(doomed.kill)
+    await asyncio.to_thread(deployment.wait_promoted, replica)
+
+    status: aiodlock.LockStatus | None = None
+
+    async def found() -> bool:
+        nonlocal status
+        try:
+            status = await other.status(name)
+        except aiodlock.BackendError:
+            return False  # the client is still learning the new slot map
+        return status is not None
+
+    await eventually(found, what="the lock on the promoted replica")
+    assert status is not None
+    assert (status.owner, status.token) == (lease.owner, lease.token)
+    assert await other.lock(name).try_acquire() is None
+    waiting = asyncio.create_task(other.lock(name).acquire(timeout=60))
+    # The holder's watchdog renews on the new master: the lease outlives its first ttl.
+    await eventually(
+        lambda: time.monotonic() - killed > 6.0 + 1.0, timeout=30, what="one ttl went by"
+    )
+    assert not lease.lost, lease.lost_reason
+    assert not waiting.done()
+    await holder.lock(name).release()
+    second = await asyncio.wait_for(waiting, 30)
+    assert second.token > lease.token  # the counter came over with the grant (WAIT)
+    # (the waiting task ended holding it: its client releases it)
