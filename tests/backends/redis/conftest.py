@@ -301,6 +301,22 @@ class ClusterDeployment:
                 raise ServerError("the replica was not promoted in time")
             time.sleep(0.05)
 
+    def migrate_slot(self, slot: int, source: RedisServer, target: RedisServer) -> int:
+        """Move ``slot`` with its keys from master ``source`` to master ``target`` (what a
+        resharding does, one slot); returns how many keys moved."""
+        source_id, target_id = source.cli("CLUSTER", "MYID"), target.cli("CLUSTER", "MYID")
+        target.cli("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        source.cli("CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        keys = source.cli("CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split()
+        if keys:
+            moved = source.cli("MIGRATE", HOST, str(target.port), "", "0", "5000", "KEYS", *keys)
+            if moved != "OK":
+                raise ServerError(f"MIGRATE failed: {moved}")
+        for node in self.nodes:
+            if node.running:
+                node.cli("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+        return len(keys)
+
     @staticmethod
     def key_on(master: RedisServer) -> str:
         """A key whose slot ``master`` serves."""

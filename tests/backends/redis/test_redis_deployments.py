@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Grant, Request
@@ -293,3 +294,43 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     second = await asyncio.wait_for(waiting, 30)
     assert second.token > lease.token  # the counter came over with the grant (WAIT)
     # (the waiting task ended holding it: its client releases it)
+
+
+@pytest.mark.slow
+async def test_cluster_resharding_moves_a_held_lock_with_its_counter(
+    cluster_factory: Any, make_client: ClientFactory
+) -> None:
+    # The slot of a held lock moves to another master (keys, expiry and the fencing
+    # counter together, one hash tag): the holder's renewals and release follow the MOVED
+    # answers there, and a waiter of another client gets it with a larger token.
+    deployment: ClusterDeployment = cluster_factory()
+    holder = await make_client(deployment.url, watchdog_ttl=3.0)
+    other = await make_client(deployment.url, watchdog_ttl=3.0)
+    backend = backend_of(holder)
+    cluster = backend.client
+    assert isinstance(cluster, RedisCluster)
+    keys = backend.keys_for("moving")
+    by_port = {node.port: node for node in deployment.nodes}
+    source = by_port[int(cluster.get_node_from_key(keys.lock).port)]
+    target = next(node for node in deployment.nodes if node is not source)
+    lease = await holder.lock("moving").acquire()
+
+    moved = await asyncio.to_thread(deployment.migrate_slot, key_slot(keys.lock), source, target)
+    migrated = time.monotonic()
+    assert moved == 2  # the lock hash and the fencing counter
+    assert int(target.cli("PTTL", keys.lock.decode())) > 0  # (its expiry came along)
+    status = await other.status("moving")
+    assert status is not None
+    assert (status.owner, status.token) == (lease.owner, lease.token)
+    waiting = asyncio.create_task(other.lock("moving").acquire(timeout=60))
+    # The watchdog renews on the new master (ttl 3 s, renewed every second).
+    await eventually(
+        lambda: time.monotonic() - migrated > 3.0 + 1.0, timeout=30, what="one ttl went by"
+    )
+    assert not lease.lost, lease.lost_reason
+    assert not waiting.done()
+    assert int(target.cli("PTTL", keys.lock.decode())) > 1000
+    await holder.lock("moving").release()
+    second = await asyncio.wait_for(waiting, 30)
+    assert second.token == lease.token + 1  # the counter moved with the lock
+    assert source.cli("CLUSTER", "COUNTKEYSINSLOT", str(key_slot(keys.lock))) == "0"
