@@ -290,7 +290,7 @@ class _RedlockWaiter:
     (otherwise the contenders' clean-up messages would make them collide again at once).
     """
 
-    __slots__ = ("_backend", "_key", "_slot", "woken")
+    __slots__ = ("_backend", "_key", "_slot", "listening_since", "woken")
 
     def __init__(self, backend: RedlockBackend, slot: Any, key: tuple[str, str]) -> None:
         self._backend = backend
@@ -298,6 +298,9 @@ class _RedlockWaiter:
         self._key = key
         #: A wake-up was consumed and the attempt it calls for has not been made yet.
         self.woken = False
+        #: Since when a majority of the nodes has the channel confirmed, as it was when the
+        #: waiter entered (see the Waiter protocol; the random polling covers the rest).
+        self.listening_since: float | None = None
 
     def _consume(self) -> None:
         if self._slot.event.is_set():
@@ -375,6 +378,7 @@ class _Waiting:
             self._leave()
             raise
         waiter = self._waiter = _RedlockWaiter(backend, slot, key)
+        waiter.listening_since = backend._majority_since(channel)
         backend._waiters[key] = waiter
         return waiter
 
@@ -1009,6 +1013,13 @@ class RedlockBackend(Backend):
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
         return _Waiting(self, request)
+
+    def _majority_since(self, channel: bytes) -> float | None:
+        """Since when a majority of the nodes has ``channel`` confirmed without a break."""
+        since = sorted(
+            t for t in (node.hub.ready_since(channel) for node in self.nodes) if t is not None
+        )
+        return since[self.quorum - 1] if len(since) >= self.quorum else None
 
     async def _await_subscriptions(
         self, nodes: Sequence[_Node], channel: bytes, tasks: list[asyncio.Task[Any]]
