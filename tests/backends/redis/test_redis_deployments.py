@@ -115,6 +115,14 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
 # -- Cluster ------------------------------------------------------------------------------------
 
 
+def master_port(client: aiodlock.Client, name: str) -> int:
+    """The port of the master that serves lock ``name``'s slot, as ``client`` knows it."""
+    backend = backend_of(client)
+    cluster = backend.client
+    assert isinstance(cluster, RedisCluster)
+    return int(cluster.get_node_from_key(backend.keys_for(name).lock).port)
+
+
 async def test_cluster_locks_on_every_node(
     cluster_deployment: ClusterDeployment, make_client: ClientFactory
 ) -> None:
@@ -223,15 +231,9 @@ async def test_cluster_sync_replicas_waits_on_the_slots_master(
     await asyncio.to_thread(deployment.add_replica, with_replica)
     client = await make_client(deployment.url, sync_replicas=1, sync_timeout=0.3)
     backend = backend_of(client)
-    cluster = backend.client
-    assert isinstance(cluster, RedisCluster)
-
-    def master_port(name: str) -> int:
-        return int(cluster.get_node_from_key(backend.keys_for(name).lock).port)
-
     names = [f"n{i}" for i in range(40)]
-    replicated = next(n for n in names if master_port(n) == with_replica.port)
-    alone = next(n for n in names if master_port(n) != with_replica.port)
+    replicated = next(n for n in names if master_port(client, n) == with_replica.port)
+    alone = next(n for n in names if master_port(client, n) != with_replica.port)
     before = backend.node.round_trips
     async with client.lock(replicated) as lease:
         assert backend.node.round_trips == before + 1  # the script and WAIT: one pipeline
@@ -255,14 +257,7 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     options = {"sync_replicas": 1, "sync_timeout": 0.5, "watchdog_ttl": 6.0, "op_timeout": 1.0}
     holder = await make_client(deployment.url, **options)
     other = await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0)
-    backend = backend_of(holder)
-    cluster = backend.client
-    assert isinstance(cluster, RedisCluster)
-    name = next(
-        n
-        for n in (f"c{i}" for i in range(100))
-        if int(cluster.get_node_from_key(backend.keys_for(n).lock).port) == doomed.port
-    )
+    name = next(n for n in (f"c{i}" for i in range(100)) if master_port(holder, n) == doomed.port)
     lease = await holder.lock(name).acquire()
 
     killed = time.monotonic()
@@ -306,12 +301,8 @@ async def test_cluster_resharding_moves_a_held_lock_with_its_counter(
     deployment: ClusterDeployment = cluster_factory()
     holder = await make_client(deployment.url, watchdog_ttl=3.0)
     other = await make_client(deployment.url, watchdog_ttl=3.0)
-    backend = backend_of(holder)
-    cluster = backend.client
-    assert isinstance(cluster, RedisCluster)
-    keys = backend.keys_for("moving")
-    by_port = {node.port: node for node in deployment.nodes}
-    source = by_port[int(cluster.get_node_from_key(keys.lock).port)]
+    keys = backend_of(holder).keys_for("moving")
+    source = next(node for node in deployment.nodes if node.port == master_port(holder, "moving"))
     target = next(node for node in deployment.nodes if node is not source)
     lease = await holder.lock("moving").acquire()
 
