@@ -62,9 +62,16 @@ class LockLost(LockError):
 class BackendError(LockError):
     """The lock server failed or could not be reached."""
 
+    #: The failure is one that time can cure (the server could not be reached, did not
+    #: answer in time, is loading its data or failing over): an acquire that is already
+    #: waiting for the lock tries again instead of giving up (see the guide, "Outages").
+    transient: bool = False
+
 
 class BackendTimeout(BackendError, TimeoutError):
     """A call to the lock server did not complete within ``op_timeout``."""
+
+    transient = True
 
 
 @contextlib.contextmanager
@@ -75,12 +82,16 @@ def translating(
     *,
     what: str = "call",
     secrets: tuple[str, ...] = (),
+    transient: tuple[type[BaseException], ...] = (),
 ) -> Iterator[None]:
     """Map a driver's exceptions onto :class:`BackendError` / :class:`BackendTimeout`.
 
-    ``timeouts`` are checked first (they are often subclasses of the driver's base error).
-    The original exception stays reachable as ``__cause__``.  Messages name the backend and
-    the operation but never include a URL (which could carry a password).
+    ``timeouts`` are checked first (they are often subclasses of the driver's base error),
+    then ``transient`` (failures that time can cure: the error is marked
+    :attr:`BackendError.transient`; so is an :class:`OSError` that is a
+    :class:`ConnectionError`).  The original exception stays reachable as ``__cause__``.
+    Messages name the backend and the operation but never include a URL (which could carry
+    a password).
     """
     try:
         yield
@@ -90,10 +101,27 @@ def translating(
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
     except timeouts as exc:
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
+    except transient as exc:
+        raise _failed(backend, what, exc, secrets, transient=True) from exc
     except errors as exc:
-        raise BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}") from exc
+        raise _failed(backend, what, exc, secrets) from exc
     except OSError as exc:
-        raise BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}") from exc
+        transient_os = isinstance(exc, ConnectionError)
+        raise _failed(backend, what, exc, secrets, transient=transient_os) from exc
+
+
+def _failed(
+    backend: str,
+    what: str,
+    exc: BaseException,
+    secrets: tuple[str, ...],
+    *,
+    transient: bool = False,
+) -> BackendError:
+    error = BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}")
+    if transient:
+        error.transient = True
+    return error
 
 
 def describe(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ._errors import BackendError
 from .backends._base import Busy, Grant, Request, Waiter, monotonic
 
 if TYPE_CHECKING:
@@ -72,10 +73,21 @@ async def acquire_loop(
         # of its own per wait (this is every contended acquisition's path).
         try:
             busy = _still_busy(waiter, first, first_sent)
+            outage: _Outage | None = None
             while True:
                 if busy is None:
                     # NOTE: the waiter is live here, so a release after this attempt wakes us.
-                    result = await backend.try_acquire(request, will_wait=True)
+                    try:
+                        result = await backend.try_acquire(request, will_wait=True)
+                    except BackendError as exc:
+                        if not exc.transient:
+                            raise
+                        if outage is None:
+                            outage = _Outage(request.ttl)
+                        # (raises exc when the outage outlasts the deadline or the lease)
+                        await waiter.wait(outage.pause(exc, deadline))
+                        continue
+                    outage = None
                     if isinstance(result, Grant):
                         granted = result
                         break
@@ -120,6 +132,35 @@ async def _enter_waiter(
         if bound.expired():
             return None
         raise  # a timeout of the backend's own (BackendTimeout)
+
+
+class _Outage:
+    """A waiting acquire whose attempts fail with transient backend errors (the server
+    unreachable, timing out, loading, failing over) tries again after capped, jittered
+    pauses instead of giving up: a waiter should outlive a failover.  It gives up, raising
+    the last error, when its deadline comes or when the failures have lasted as long as the
+    lease it asks for (past that, every lease held through the outage is lost anyway, so
+    it is no blip).
+
+    NOTE: trying again is safe because an attempt is idempotent for its owner: one whose
+    grant was made but whose answer was lost gets the same grant again; and if the loop
+    gives up, the caller abandons whatever the attempts left on the server.
+    """
+
+    __slots__ = ("_backoff", "_until")
+
+    def __init__(self, limit: float) -> None:
+        self._until = monotonic() + limit
+        self._backoff = Backoff(first=0.05, cap=1.0)
+
+    def pause(self, error: BackendError, deadline: float | None) -> float:
+        """How long to wait before the next attempt; raises ``error`` when it is over."""
+        now = monotonic()
+        end = self._until if deadline is None else min(self._until, deadline)
+        pause = min(self._backoff.next(), end - now)
+        if pause <= 0:
+            raise error
+        return pause
 
 
 def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:

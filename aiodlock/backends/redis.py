@@ -48,10 +48,14 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
+    ClusterDownError,
     NoScriptError,
+    ReadOnlyError,
     RedisClusterException,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -115,6 +119,16 @@ AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 
 _ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, ReplyError)
 _TIMEOUTS: tuple[type[BaseException], ...] = (RedisTimeoutError,)
+#: Failures that time cures: the server unreachable or gone, loading its data after a
+#: restart, read-only or down while a failover runs, a Cluster slot moving or uncovered.
+#: (An AuthenticationError, a ConnectionError to redis-py, is translated before these.)
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    ReadOnlyError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -435,7 +449,9 @@ class RedisNode:
     @contextlib.contextmanager
     def translate(self, what: str) -> Iterator[None]:
         """The one place where redis-py's exceptions become aiodlock's."""
-        with translating(self.label, _ERRORS, _TIMEOUTS, what=what, secrets=self._secrets):
+        with translating(
+            self.label, _ERRORS, _TIMEOUTS, what=what, secrets=self._secrets, transient=_TRANSIENT
+        ):
             try:
                 yield
             except AuthenticationError as exc:

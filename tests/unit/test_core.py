@@ -15,8 +15,10 @@ import pytest
 
 import aiodlock
 import aiodlock.testing
+from aiodlock import BackendError
 from aiodlock.backends._base import Backend, Grant, Request
 from aiodlock.backends.memory import MemoryBackend
+from tests.helpers import eventually
 
 HANG = 20.0
 
@@ -140,6 +142,23 @@ class _SleepRecorder:
     async def wait(self, timeout: float | None) -> None:
         self.backend.events.append("sleep")
         await asyncio.sleep(0.02 if timeout is None else min(timeout, 0.02))
+
+
+class OutageMemory(LoopMemory):
+    """Attempts fail with ``error`` while ``failing`` is set (the server unreachable)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.failing = False
+        self.error = BackendError("memory: acquire failed: injected")
+        self.error.transient = True
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Any:
+        if self.failing:
+            self.events.append("failed")
+            raise self.error
+        self.events.append("attempt")
+        return await super().try_acquire(request, will_wait=will_wait)
 
 
 @pytest.fixture
@@ -308,6 +327,72 @@ async def test_the_loop_asks_again_when_the_first_answer_ran_out() -> None:
         await c.lock("ran-out").release()
         done.set()
         await task
+
+
+async def waiting_for(c: aiodlock.Client, name: str, **options: Any) -> asyncio.Task[Any]:
+    """A task acquiring ``name`` (held by another task), once it sleeps in the wait loop:
+    its first attempt and one more were answered "busy"."""
+    backend = c.backend
+    assert isinstance(backend, OutageMemory)
+    backend.events.clear()
+    timeout = options.pop("timeout", HANG)
+    task = asyncio.create_task(c.lock(name, **options).acquire(timeout=timeout))
+    await eventually(lambda: backend.events.count("attempt") >= 2)
+    return task
+
+
+async def test_a_waiter_rides_out_a_transient_outage() -> None:
+    # The server stops answering while a task waits, then comes back: the waiter tries
+    # again after short pauses and gets the lock when it is released.
+    backend = on_the_loop(OutageMemory)
+    async with aiodlock.Client(backend) as c, held_by_another_task(c, "blip") as done:
+        waiting = await waiting_for(c, "blip")
+        backend.failing = True
+        await eventually(lambda: backend.events.count("failed") >= 3)
+        assert not waiting.done()
+        backend.failing = False
+        done.set()
+        lease = await asyncio.wait_for(waiting, HANG)
+        assert lease.token == 2
+
+
+async def test_a_waiting_acquire_gives_up_after_its_lease_length_of_outage() -> None:
+    backend = on_the_loop(OutageMemory)
+    async with aiodlock.Client(backend) as c, held_by_another_task(c, "down"):
+        waiting = await waiting_for(c, "down", ttl=0.3)
+        backend.failing = True
+        started = time.monotonic()
+        with pytest.raises(aiodlock.BackendError, match="injected"):
+            await asyncio.wait_for(waiting, HANG)
+        assert 0.2 < time.monotonic() - started < 2.0  # about the lease (0.3 s)
+        assert backend.events.count("failed") >= 2
+
+
+async def test_a_deadline_during_an_outage_raises_the_backend_error() -> None:
+    backend = on_the_loop(OutageMemory)
+    async with aiodlock.Client(backend) as c, held_by_another_task(c, "late"):
+        waiting = await waiting_for(c, "late", timeout=0.5)
+        backend.failing = True
+        with pytest.raises(aiodlock.BackendError, match="injected"):
+            await asyncio.wait_for(waiting, HANG)
+        assert backend.events.count("failed") >= 2
+
+
+async def test_errors_that_waiting_cannot_cure_are_raised_at_once() -> None:
+    backend = on_the_loop(OutageMemory)
+    backend.error = BackendError("memory: acquire failed: permanent")  # not transient
+    async with aiodlock.Client(backend) as c:
+        async with held_by_another_task(c, "bad"):
+            waiting = await waiting_for(c, "bad")
+            backend.failing = True
+            with pytest.raises(aiodlock.BackendError, match="permanent"):
+                await asyncio.wait_for(waiting, HANG)
+            assert backend.events.count("failed") == 1
+        # and a first attempt that fails, transient or not, is raised at once
+        backend.error.transient = True
+        with pytest.raises(aiodlock.BackendError, match="permanent"):
+            await c.lock("bad").acquire(timeout=HANG)
+        assert backend.events.count("failed") == 2
 
 
 async def test_mutual_exclusion_under_many_tasks(client: aiodlock.Client) -> None:

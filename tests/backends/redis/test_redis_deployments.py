@@ -73,6 +73,10 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
     holder = await make_client(url, **options)
     other = await make_client(url, op_timeout=1.0, watchdog_ttl=9.0)
     lease = await holder.lock("failover").acquire()
+    # a waiter of a third client, asleep before the failover, rides it out
+    sleeper = await make_client(url, op_timeout=1.0, watchdog_ttl=9.0)
+    asleep = asyncio.create_task(sleeper.lock("failover").acquire(timeout=60))
+    await eventually(lambda: backend_of(sleeper).hub.channels() != [])
 
     killed = time.monotonic()
     await asyncio.to_thread(deployment.master.kill)
@@ -106,9 +110,11 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
     )
     assert not lease.lost, lease.lost_reason
     assert not waiting.done()
+    assert not asleep.done(), asleep.exception() if asleep.done() else None
     await holder.lock("failover").release()
-    second = await asyncio.wait_for(waiting, 30)
-    assert second.token > lease.token  # the counter came over with the grant (WAIT)
+    leases = await asyncio.wait_for(asyncio.gather(waiting, asleep), 30)
+    # the counter came over with the grant (WAIT); both waiters got it in turn
+    assert sorted(second.token for second in leases) == [lease.token + 1, lease.token + 2]
     del promoted
 
 
@@ -250,7 +256,9 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
 ) -> None:
     # The master of the lock's slot is killed; its replica (which WAIT made sure had the
     # grant and the counter) is elected in its place.  The holder keeps the lock, renews it
-    # on the new master, and a waiter of another client gets it after the release.
+    # on the new master, and waiters of other clients, asleep before the failover (their
+    # pub/sub connections on the dead master: every hub starts on the first node), ride it
+    # out and get the lock after the release.
     deployment: ClusterDeployment = cluster_factory()
     doomed = deployment.nodes[0]
     replica = await asyncio.to_thread(deployment.add_replica, doomed)
@@ -259,6 +267,12 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     other = await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0)
     name = next(n for n in (f"c{i}" for i in range(100)) if master_port(holder, n) == doomed.port)
     lease = await holder.lock(name).acquire()
+    sleepers = [await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0) for _ in "ab"]
+    asleep = [asyncio.create_task(c.lock(name).acquire(timeout=60)) for c in sleepers]
+    for c in sleepers:
+        await eventually(
+            lambda c=c: backend_of(c).hub.is_ready(backend_of(c).keys_for(name).channel)
+        )
 
     killed = time.monotonic()
     await asyncio.to_thread(doomed.kill)
@@ -285,10 +299,13 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     )
     assert not lease.lost, lease.lost_reason
     assert not waiting.done()
+    assert not any(task.done() for task in asleep), [t.exception() for t in asleep if t.done()]
     await holder.lock(name).release()
-    second = await asyncio.wait_for(waiting, 30)
-    assert second.token > lease.token  # the counter came over with the grant (WAIT)
-    # (the waiting task ended holding it: its client releases it)
+    leases = await asyncio.wait_for(asyncio.gather(waiting, *asleep), 30)
+    tokens = [second.token for second in leases]
+    # the counter came over with the grant (WAIT); each waiter got it in turn (the tasks
+    # ended holding it: their clients released it)
+    assert sorted(tokens) == list(range(lease.token + 1, lease.token + 4))
 
 
 @pytest.mark.slow
