@@ -85,6 +85,30 @@ async def test_restart_without_persistence_loses_the_lease(
 
 
 @pytest.mark.slow
+async def test_a_waiter_outlives_a_restart_and_gets_the_lock_it_freed(
+    redis_factory: Any, make_client: ClientFactory
+) -> None:
+    # A restart without persistence frees every lock (the documented unsafety): a waiter
+    # asleep before it is woken when its pub/sub connection comes back (the hub wakes its
+    # waiters after a reconnect) and takes the freed lock.
+    server = redis_factory()
+    holder = await make_client(server.url, watchdog_ttl=30.0, op_timeout=0.5)
+    other = await make_client(server.url, watchdog_ttl=30.0, op_timeout=0.5)
+    lease = await holder.lock("freed", on_lost="ignore").acquire()
+    waiting = asyncio.create_task(other.lock("freed").acquire(timeout=HANG))
+    hub = backend_of(other).hub
+    await eventually(lambda: hub.channels() != [] and all(map(hub.is_ready, hub.channels())))
+    await asyncio.to_thread(server.restart)
+    second = await asyncio.wait_for(waiting, HANG)
+    assert second.token == 1  # the counter was lost with the data
+    assert second.owner != lease.owner
+    # The holder finds out at its next renewal, or at its release (on_lost="ignore": the
+    # release returns, the lease is marked lost).
+    await holder.lock("freed").release()
+    assert lease.lost
+
+
+@pytest.mark.slow
 async def test_paused_server_gives_backend_errors_and_recovers(
     redis_factory: Any, make_client: ClientFactory
 ) -> None:
