@@ -109,6 +109,30 @@ async def test_a_waiter_outlives_a_restart_and_gets_the_lock_it_freed(
 
 
 @pytest.mark.slow
+async def test_a_waiter_rides_out_a_paused_server(
+    redis_factory: Any, make_client: ClientFactory
+) -> None:
+    # The holder's fixed lease (0.6 s) ends while the server is paused (1.5 s): the waiter
+    # wakes for it, its attempts time out (op_timeout 0.3 s) and are tried again, and once
+    # the server answers it gets the lock.  A first attempt would have raised at once.
+    server = redis_factory()
+    holder = await make_client(server.url, op_timeout=0.3)
+    other = await make_client(server.url, op_timeout=0.3, watchdog_ttl=10.0)
+    lease = await holder.lock("stalled", ttl=0.6, on_lost="ignore").acquire()
+    waiting = asyncio.create_task(other.lock("stalled").acquire(timeout=HANG))
+    node = backend_of(other).node
+    await eventually(lambda: node.round_trips >= 2, what="waiter asleep")
+    await asyncio.to_thread(server.pause)
+    try:
+        await asyncio.sleep(1.5)
+        assert not waiting.done(), waiting.exception() if waiting.done() else None
+    finally:
+        await asyncio.to_thread(server.resume)
+    second = await asyncio.wait_for(waiting, HANG)
+    assert second.token == lease.token + 1
+
+
+@pytest.mark.slow
 async def test_paused_server_gives_backend_errors_and_recovers(
     redis_factory: Any, make_client: ClientFactory
 ) -> None:
