@@ -88,11 +88,11 @@ def translating(
 
     ``timeouts`` are checked first (they are often subclasses of the driver's base error),
     then ``transient`` (failures that time can cure: the error is marked
-    :attr:`BackendError.transient`; so is an :class:`OSError` that is a
-    :class:`ConnectionError`).  The original exception stays reachable as ``__cause__``.
-    Messages name the backend and the operation but never include a URL (which could carry
-    a password).
+    :attr:`BackendError.transient`; so is every builtin :class:`ConnectionError`).  The
+    original exception stays reachable as ``__cause__``.  Messages name the backend and the
+    operation but never include a URL (which could carry a password).
     """
+    failures: tuple[type[BaseException], ...] = (*errors, OSError)
     try:
         yield
     except LockError:
@@ -103,11 +103,10 @@ def translating(
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
     except transient as exc:
         raise _failed(backend, what, exc, secrets, transient=True) from exc
-    except errors as exc:
-        raise _failed(backend, what, exc, secrets) from exc
-    except OSError as exc:
-        transient_os = isinstance(exc, ConnectionError)
-        raise _failed(backend, what, exc, secrets, transient=transient_os) from exc
+    except failures as exc:
+        # (a refused, reset or broken connection is transient whatever the driver lists)
+        lost = isinstance(exc, ConnectionError)
+        raise _failed(backend, what, exc, secrets, transient=lost) from exc
 
 
 def _failed(

@@ -946,12 +946,21 @@ class RedlockBackend(Backend):
         if undo:
             await self._undo(keys, owner, undo)
         if broken > len(nodes) - quorum:
-            # NOTE: only failures that waiting will not cure (refused connections, errors):
-            # timeouts are retried, as a stall of this process makes every node "time out".
-            raise BackendError(
+            # NOTE: only failures that a second attempt at once will not cure (refused
+            # connections, errors): timeouts are retried, as a stall of this process makes
+            # every node "time out".
+            error = BackendError(
                 f"redlock: {broken} of {len(nodes)} nodes failed on {request.name!r}, so no "
                 f"majority ({quorum}) is possible: {self._errors(outcomes)}"
             )
+            # Nodes that cannot be reached (restarting, say) may come back: a waiting
+            # acquire then tries again for a while (the core bounds it, see _waiting).
+            error.transient = all(
+                isinstance(o, BackendError) and o.transient
+                for o in outcomes
+                if isinstance(o, BaseException) and not isinstance(o, TimeoutError)
+            )
+            raise error
         if len(busy_nodes) >= quorum:
             # Held by someone: wake when enough of the holder's keys would have expired.
             pttls = sorted(p for p in busy_pttls if p >= 0)

@@ -125,6 +125,28 @@ async def test_three_of_five_killed_never_grants(
 
 
 @pytest.mark.slow
+async def test_a_waiter_rides_out_a_lost_majority(
+    make_client: ClientFactory, five: RedisGroup
+) -> None:
+    # Three of five nodes die while a waiter waits for a fixed lease (0.8 s) to end: its
+    # attempts then fail ("no majority"), and it tries again until they are back (a first
+    # attempt would raise at once, as the test above shows).
+    holder = await make_client()
+    waiter = await make_client(watchdog_ttl=10.0)
+    await holder.lock("comeback", ttl=0.8, on_lost="ignore").acquire()
+    waiting = asyncio.create_task(waiter.lock("comeback").acquire(timeout=HANG))
+    await asyncio.sleep(0.2)  # (asleep: a release message or the lease's end wakes it)
+    for i in (0, 2, 4):
+        five[i].kill()
+    await asyncio.sleep(1.5)  # the lease ended; the waiter's attempts fail meanwhile
+    assert not waiting.done(), waiting.exception() if waiting.done() else None
+    for i in (0, 2, 4):
+        five[i].start()
+    lease = await asyncio.wait_for(waiting, HANG)
+    assert lease.token >= 2
+
+
+@pytest.mark.slow
 async def test_a_paused_node_does_not_block_acquisition(
     make_client: ClientFactory, five: RedisGroup, raw: list[aioredis.Redis], namespace: str
 ) -> None:
