@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import math
 import random
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,8 @@ from .backends._base import Busy, Grant, Request, Waiter, monotonic
 
 if TYPE_CHECKING:
     from .backends._base import Backend
+
+log = logging.getLogger("aiodlock")
 
 __all__ = [
     "Backoff",
@@ -85,7 +88,14 @@ async def acquire_loop(
                         if outage is None:
                             outage = _Outage(request.ttl)
                         # (raises exc when the outage outlasts the deadline or the lease)
-                        await waiter.wait(outage.pause(exc, deadline))
+                        pause = outage.pause(exc, deadline)
+                        log.debug(
+                            "aiodlock: waiting for %r: %s; trying again in %.3f s",
+                            request.name,
+                            exc,
+                            pause,
+                        )
+                        await waiter.wait(pause)
                         continue
                     outage = None
                     if isinstance(result, Grant):

@@ -341,14 +341,16 @@ async def waiting_for(c: aiodlock.Client, name: str, **options: Any) -> asyncio.
     return task
 
 
-async def test_a_waiter_rides_out_a_transient_outage() -> None:
+async def test_a_waiter_rides_out_a_transient_outage(caplog: pytest.LogCaptureFixture) -> None:
     # The server stops answering while a task waits, then comes back: the waiter tries
     # again after short pauses and gets the lock when it is released.
+    caplog.set_level(logging.DEBUG, logger="aiodlock")
     backend = on_the_loop(OutageMemory)
     async with aiodlock.Client(backend) as c, held_by_another_task(c, "blip") as done:
         waiting = await waiting_for(c, "blip")
         backend.failing = True
         await eventually(lambda: backend.events.count("failed") >= 3)
+        assert "waiting for 'blip': memory: acquire failed: injected; trying again" in caplog.text
         assert not waiting.done()
         backend.failing = False
         done.set()
