@@ -92,7 +92,6 @@ def translating(
     original exception stays reachable as ``__cause__``.  Messages name the backend and the
     operation but never include a URL (which could carry a password).
     """
-    failures: tuple[type[BaseException], ...] = (*errors, OSError)
     try:
         yield
     except LockError:
@@ -103,10 +102,10 @@ def translating(
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
     except transient as exc:
         raise _failed(backend, what, exc, secrets, transient=True) from exc
-    except failures as exc:
-        # (a refused, reset or broken connection is transient whatever the driver lists)
-        lost = isinstance(exc, ConnectionError)
-        raise _failed(backend, what, exc, secrets, transient=lost) from exc
+    except errors as exc:
+        raise _failed(backend, what, exc, secrets) from exc
+    except OSError as exc:
+        raise _failed(backend, what, exc, secrets) from exc
 
 
 def _failed(
@@ -118,7 +117,8 @@ def _failed(
     transient: bool = False,
 ) -> BackendError:
     error = BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}")
-    if transient:
+    # (a refused, reset or broken connection is transient whatever the driver lists)
+    if transient or isinstance(exc, ConnectionError):
         error.transient = True
     return error
 

@@ -135,7 +135,8 @@ async def test_a_waiter_rides_out_a_lost_majority(
     waiter = await make_client(watchdog_ttl=10.0)
     await holder.lock("comeback", ttl=0.8, on_lost="ignore").acquire()
     waiting = asyncio.create_task(waiter.lock("comeback").acquire(timeout=HANG))
-    await asyncio.sleep(0.2)  # (asleep: a release message or the lease's end wakes it)
+    # asleep: a release message or the lease's end wakes it
+    await eventually(lambda: bool(backend_of(waiter)._waiters), what="waiter registered")
     for i in (0, 2, 4):
         five[i].kill()
     await asyncio.sleep(1.5)  # the lease ended; the waiter's attempts fail meanwhile
