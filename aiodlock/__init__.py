@@ -6,7 +6,7 @@
 ...     print(lease.token)
 """
 
-from ._client import Client, OnLost, connect, default_url
+from ._client import Client, connect, default_url
 from ._errors import (
     BackendError,
     BackendTimeout,
@@ -17,9 +17,11 @@ from ._errors import (
     LockTimeout,
     Unsupported,
 )
-from ._lease import Lease, LockStatus
+from ._hold import OnLost
+from ._lease import Lease
 from ._lock import Lock
 from ._observers import Observer
+from ._types import LockStatus
 
 __version__ = "0.1.0"
 

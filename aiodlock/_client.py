@@ -13,7 +13,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import math
 import os
 import re
 import socket
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from ._checks import check_name
 from ._errors import (
     BackendError,
     BackendTimeout,
@@ -34,13 +34,15 @@ from ._errors import (
     LockTimeout,
     Unsupported,
 )
-from ._lease import Lease, LockStatus
+from ._hold import Hold, OnLost
+from ._lease import Lease
 from ._observers import Observer, notify
 from ._registry import load_backend
+from ._types import Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
 from ._watchdog import Watchdog
-from .backends._base import Backend, Capability, CommonConfig, Grant, Request, monotonic
+from .backends._base import Backend
 
 if TYPE_CHECKING:
     from ._decorators import LockedDecorator
@@ -50,10 +52,6 @@ __all__ = ["Client", "OnLost", "connect", "default_url"]
 
 log = logging.getLogger("aiodlock")
 
-#: What to do when a lease is lost: cancel the body, only set the flag, or call this.
-OnLost = Literal["cancel", "ignore"] | Callable[[Lease], object]
-
-MAX_NAME_LENGTH = 512
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -119,151 +117,6 @@ def _drop(table: dict[Any, Any], key: object) -> None:
     table.pop(key, None)
 
 
-def check_name(name: object) -> str:
-    """Validate a lock name (any non-empty str of at most 512 characters)."""
-    if not isinstance(name, str):
-        raise ConfigurationError(f"a lock name must be a str, not {type(name).__name__}")
-    if not name:
-        raise ConfigurationError("a lock name must not be empty")
-    if len(name) > MAX_NAME_LENGTH:
-        raise ConfigurationError(
-            f"a lock name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}"
-        )
-    return name
-
-
-def check_seconds(what: str, value: object, *, allow_none: bool, positive: bool) -> float | None:
-    if value is None:
-        if allow_none:
-            return None
-        raise ConfigurationError(f"{what} must be a number of seconds, not None")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{what} must be a number of seconds, got {value!r}")
-    number = float(value)
-    if math.isnan(number) or number < 0 or (positive and number == 0):
-        bound = "greater than 0" if positive else "0 or more"
-        raise ConfigurationError(f"{what} must be {bound}, got {value!r}")
-    if math.isinf(number):
-        if allow_none and not positive:
-            return None  # timeout=inf means wait forever
-        raise ConfigurationError(f"{what} must be finite, got {value!r}")
-    return number
-
-
-def check_on_lost(on_lost: object) -> OnLost:
-    if on_lost in ("cancel", "ignore") or callable(on_lost):
-        return on_lost
-    raise ConfigurationError(f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}")
-
-
-class _Hold:
-    """One owner's holding of one name in this client (shared by reentrant acquires)."""
-
-    __slots__ = (
-        "__weakref__",
-        "acquired_at",
-        "client",
-        "count",
-        "entries",
-        "expires_at",
-        "fixed_ttl",
-        "generation",
-        "grant",
-        "last_error",
-        "lease",
-        "lost",
-        "lost_event",
-        "lost_reason",
-        "name",
-        "on_lost",
-        "owner",
-        "released",
-        "renew_at",
-        "renewing",
-        "server_released",
-        "task",
-        "ttl",
-    )
-
-    def __init__(
-        self,
-        client: Client,
-        grant: Grant,
-        ttl: float,
-        fixed_ttl: bool,
-        on_lost: OnLost,
-        task: asyncio.Task[Any],
-    ) -> None:
-        self.client = client
-        self.name = grant.name
-        self.owner = grant.owner
-        self.grant = grant
-        self.ttl = ttl
-        self.fixed_ttl = fixed_ttl
-        self.on_lost = on_lost
-        self.task = task
-        self.count = 1
-        self.expires_at = grant.expires_at
-        self.acquired_at = monotonic()
-        self.renew_at: float | None = None
-        self.renewing = False
-        self.generation = 0
-        self.released = False
-        self.server_released = False
-        self.lost = False
-        self.lost_event: asyncio.Event | None = None  # made when somebody waits for a loss
-        self.lost_reason: str | None = None
-        self.last_error: str | None = None
-        #: One per ``async with`` level (outermost first); see Lock.__aenter__.
-        self.entries: list[BodyEntry] = []
-        self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
-
-    @property
-    def active(self) -> bool:
-        return not self.released and not self.lost
-
-    async def wait_lost(self) -> None:
-        if self.lost:
-            return
-        if self.lost_event is None:
-            self.lost_event = asyncio.Event()
-        await self.lost_event.wait()
-
-
-class _Ended:
-    """What a :class:`Lease` reads once its holding is over: a copy of the final state.
-
-    The live hold and its lease refer to each other; replacing the lease's side by this copy
-    when the holding ends breaks that cycle, so a finished lock cycle is freed by reference
-    counting and leaves nothing for the cyclic garbage collector (whose full collections
-    stall the event loop).
-    """
-
-    __slots__ = ("expires_at", "lost", "lost_reason")
-
-    released = True
-
-    def __init__(self, hold: _Hold) -> None:
-        self.lost = hold.lost
-        self.lost_reason = hold.lost_reason
-        self.expires_at = hold.expires_at
-
-    async def wait_lost(self) -> None:
-        if self.lost:
-            return
-        await asyncio.get_running_loop().create_future()  # a kept lease is never lost
-
-
-class BodyEntry:
-    """One ``async with`` level around a body: the task to cancel when the lease is lost."""
-
-    __slots__ = ("cancel_requested", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.cancel_requested = False
-
-
 class Client:
     """A connection to one lock service.  Make it with :func:`aiodlock.connect`.
 
@@ -278,7 +131,7 @@ class Client:
         self._default_acquire = type(backend).acquire is Backend.acquire
         #: A unique string per client instance; owners are ``f"{id}:{n}"``.
         self.id: str = _make_client_id()
-        self._holds: dict[tuple[str, str], _Hold] = {}
+        self._holds: dict[tuple[str, str], Hold] = {}
         #: owner -> how many of ``_holds`` are its
         self._holding: dict[str, int] = {}
         #: A task's owner string, by a weak reference to the task (an entry goes when its
@@ -292,7 +145,14 @@ class Client:
         self._unwatched = False
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock: asyncio.Lock | None = None
-        self._watchdog = Watchdog(self)
+        self._watchdog = Watchdog(
+            backend,
+            self._config,
+            label=self.id,
+            spawn=self.spawn,
+            mark_lost=self._mark_lost,
+            holding=self._holds.__len__,
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
 
@@ -501,7 +361,7 @@ class Client:
                 task.add_done_callback(self._task_ended)
         return owner
 
-    def current_hold(self, name: str) -> _Hold | None:
+    def current_hold(self, name: str) -> Hold | None:
         task = asyncio.current_task()
         if task is None:
             return None
@@ -572,7 +432,7 @@ class Client:
             raise LockError(f"the client was closed while acquiring {name!r}")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
-        hold = _Hold(self, grant, lease_ttl, ttl is not None, on_lost, task)
+        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, task)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
@@ -614,7 +474,7 @@ class Client:
             self._forget(hold)
             self.spawn(self._server_release(hold), f"release-orphan:{hold.name}")
 
-    def _forget(self, hold: _Hold) -> None:
+    def _forget(self, hold: Hold) -> None:
         hold.released = True
         hold.count = 0
         key = (hold.name, hold.owner)
@@ -635,7 +495,7 @@ class Client:
             raise LockNotOwned(f"lock {name!r} is not held by this task")
         return self.release_hold(hold)
 
-    async def release_hold(self, hold: _Hold) -> None:
+    async def release_hold(self, hold: Hold) -> None:
         """One release of ``hold`` by its own task."""
         name = hold.name
         hold.count -= 1
@@ -652,7 +512,7 @@ class Client:
         if hold.lost and hold.on_lost == "cancel":
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
 
-    def _begin_server_release(self, hold: _Hold) -> Awaitable[bool] | None:
+    def _begin_server_release(self, hold: Hold) -> Awaitable[bool] | None:
         """Start releasing ``hold`` on the server (once: None if that was done already)."""
         if hold.server_released:
             return None
@@ -662,7 +522,7 @@ class Client:
 
     async def _server_release(
         self,
-        hold: _Hold,
+        hold: Hold,
         *,
         raise_errors: bool = False,
         started: Awaitable[bool] | None = None,
@@ -711,7 +571,7 @@ class Client:
                 )
         finally:
             if hold.released:
-                hold.lease._hold = _Ended(hold)  # the holding is over: break the cycle
+                hold.end()  # the holding is over: break the cycle
 
     async def extend(self, name: str, ttl: float | None) -> None:
         hold = self.current_hold(name)
@@ -743,7 +603,7 @@ class Client:
             if hold is not None and hold.grant is grant and hold.active:
                 self._mark_lost(hold, reason)
 
-    def _mark_lost(self, hold: _Hold, reason: str, *, at_release: bool = False) -> None:
+    def _mark_lost(self, hold: Hold, reason: str, *, at_release: bool = False) -> None:
         """Apply the lock's ``on_lost`` policy once.
 
         ``at_release``: the release itself found the lease gone (expired, taken over or
@@ -781,7 +641,7 @@ class Client:
             # A session-bound lock does not end by itself while the session lives.
             self.spawn(self._drop_lost(hold), f"drop-lost:{hold.name}")
 
-    async def _drop_lost(self, hold: _Hold) -> None:
+    async def _drop_lost(self, hold: Hold) -> None:
         if not hold.server_released:
             hold.server_released = True
             with anyio.move_on_after(self._config.op_timeout * 2):

@@ -8,8 +8,9 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._client import OnLost, check_name
+from ._checks import check_name
 from ._errors import ConfigurationError
+from ._hold import OnLost
 
 if TYPE_CHECKING:
     from ._client import Client

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
+from ._types import LockStatus
+
 if TYPE_CHECKING:
-    from ._client import _Ended, _Hold
+    from ._hold import Ended, Hold
 
-__all__ = ["Lease", "LockStatus"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LockStatus:
-    """Who holds a lock right now, as the backend sees it.
-
-    ``owner`` equals the holder's :attr:`Lease.owner`; ``expires_in`` is the seconds left on
-    the holder's lease (``None`` when the lease is bound to a session with no fixed end);
-    ``waiters`` is the number of queued waiters where the backend knows it, else ``None``.
-    """
-
-    name: str
-    owner: str
-    token: int
-    expires_in: float | None
-    waiters: int | None = None
+__all__ = ["Lease", "LockStatus", "holding", "settle"]
 
 
 class Lease:
@@ -41,9 +26,9 @@ class Lease:
     owner: str
     ttl: float | None
 
-    def __init__(self, hold: _Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
+    def __init__(self, hold: Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
         #: The holding while it lasts; a copy of its final state once it is over.
-        self._hold: _Hold | _Ended = hold
+        self._hold: Hold | Ended = hold
         self.name = name
         self.owner = owner
         self.token = token
@@ -85,3 +70,13 @@ class Lease:
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
         return f"<Lease {self.name!r} token={self.token} owner={self.owner!r} {state}>"
+
+
+def holding(lease: Lease) -> Hold | Ended:
+    """The holding behind ``lease`` (live, or the copy of its final state)."""
+    return lease._hold
+
+
+def settle(lease: Lease, ended: Ended) -> None:
+    """The holding behind ``lease`` is over: from now on it reads ``ended``."""
+    lease._hold = ended

@@ -10,9 +10,11 @@ import asyncio
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._client import BodyEntry, OnLost, _Hold, check_name, check_on_lost, check_seconds
+from ._checks import check_name, check_seconds
 from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
-from ._lease import Lease, LockStatus
+from ._hold import BodyEntry, Hold, OnLost, check_on_lost
+from ._lease import Lease, holding
+from ._types import LockStatus
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -44,7 +46,7 @@ class Lock:
         on_lost: OnLost = "cancel",
     ) -> None:
         self._client = client
-        self._entries: dict[asyncio.Task[Any], list[tuple[_Hold, BodyEntry]]] = {}
+        self._entries: dict[asyncio.Task[Any], list[tuple[Hold, BodyEntry]]] = {}
         self.name = check_name(name)
         self.ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
         self.timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
@@ -122,8 +124,8 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
-        hold = lease._hold
-        assert isinstance(hold, _Hold)  # (a fresh or reentrant holding is live)
+        hold = holding(lease)
+        assert isinstance(hold, Hold)  # (a fresh or reentrant holding is live)
         task = asyncio.current_task()
         assert task is not None
         entry = BodyEntry(task)

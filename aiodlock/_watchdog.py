@@ -20,15 +20,22 @@ import heapq
 import itertools
 import logging
 import math
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._errors import LockError
-from .backends._base import Capability, monotonic
+from ._types import Capability, CommonConfig, monotonic
 
 if TYPE_CHECKING:
-    from ._client import Client, _Hold
+    from ._hold import Hold
+    from .backends._base import Backend
+
+#: How the watchdog reports a lost lease: ``(hold, reason)``.
+MarkLost = Callable[["Hold", str], None]
+#: How it runs a renewal batch in a task of the client's: ``(coroutine, name)``.
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 __all__ = ["Watchdog"]
 
@@ -36,26 +43,41 @@ log = logging.getLogger("aiodlock")
 
 
 class Watchdog:
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self._renewals: list[tuple[float, int, int, _Hold]] = []
-        self._expiries: list[tuple[float, int, int, _Hold]] = []
+    def __init__(
+        self,
+        backend: Backend,
+        config: CommonConfig,
+        *,
+        label: str,
+        spawn: Spawn,
+        mark_lost: MarkLost,
+        holding: Callable[[], int],
+    ) -> None:
+        self._backend = backend
+        self._config = config
+        self._label = label
+        self._spawn = spawn
+        self._mark_lost = mark_lost
+        #: How many holds the client has (the heaps are compacted against it).
+        self._holding = holding
+        self._renewals: list[tuple[float, int, int, Hold]] = []
+        self._expiries: list[tuple[float, int, int, Hold]] = []
         self._seq = itertools.count()
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight = 0
-        self._session_bound = bool(client.backend.capabilities & Capability.SESSION_LEASE)
+        self._session_bound = bool(backend.capabilities & Capability.SESSION_LEASE)
         #: When the loop wakes next by itself; an earlier event needs a poke.
         self._wake_at = math.inf
         #: New holds whose first event is not before ``_wake_at``, with their generation:
         #: the loop schedules those still held when it wakes.  Most holds of a busy client
         #: are released long before that and never reach the heaps.
-        self._pending: list[tuple[_Hold, int]] = []
+        self._pending: list[tuple[Hold, int]] = []
         self._pending_limit = 64
 
     @property
     def interval(self) -> float:
-        return self._client.config.watchdog_ttl / 3
+        return self._config.watchdog_ttl / 3
 
     def start(self) -> None:
         if self._task is None:
@@ -65,7 +87,7 @@ class Watchdog:
             self._poke = asyncio.Event()
             self._wake_at = math.inf
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"aiodlock:watchdog:{self._client.id}"
+                self._run(), name=f"aiodlock:watchdog:{self._label}"
             )
 
     async def stop(self) -> None:
@@ -80,10 +102,10 @@ class Watchdog:
         self._expiries.clear()
         self._pending.clear()
 
-    def _renews(self, hold: _Hold) -> bool:
+    def _renews(self, hold: Hold) -> bool:
         return not hold.fixed_ttl and not self._session_bound
 
-    def track(self, hold: _Hold) -> None:
+    def track(self, hold: Hold) -> None:
         """Start watching a new hold."""
         first = math.inf
         if not hold.fixed_ttl and not self._session_bound:
@@ -109,11 +131,11 @@ class Watchdog:
             if gen == hold.generation and hold.active:
                 self._schedule(hold)
 
-    def untrack(self, hold: _Hold) -> None:
+    def untrack(self, hold: Hold) -> None:
         # Heap entries of an older generation are skipped when popped.
         hold.generation += 1
 
-    def renewed(self, hold: _Hold, expires_at: float | None) -> None:
+    def renewed(self, hold: Hold, expires_at: float | None) -> None:
         """A renewal (by the watchdog or ``extend()``) succeeded at ``expires_at``."""
         hold.expires_at = expires_at
         hold.last_error = None
@@ -122,7 +144,7 @@ class Watchdog:
         hold.generation += 1
         self._schedule(hold)
 
-    def _schedule(self, hold: _Hold) -> None:
+    def _schedule(self, hold: Hold) -> None:
         gen = hold.generation
         earliest = math.inf
         if hold.renew_at is not None and self._renews(hold) and not hold.renewing:
@@ -143,7 +165,7 @@ class Watchdog:
         # Released holds leave stale entries behind until they are due; drop them when
         # they dominate, so a high acquire rate cannot grow the heaps without bound.
         for heap in (self._renewals, self._expiries):
-            if len(heap) > 1024 and len(heap) > 4 * len(self._client._holds):
+            if len(heap) > 1024 and len(heap) > 4 * self._holding():
                 heap[:] = [e for e in heap if e[2] == e[3].generation and e[3].active]
                 heapq.heapify(heap)
 
@@ -158,7 +180,7 @@ class Watchdog:
                 for hold in batch:
                     hold.renewing = True
                 self._in_flight += 1
-                self._client.spawn(self._renew(batch), "renew")
+                self._spawn(self._renew(batch), "renew")
             wake = self._next_wake()
             self._poke.clear()
             self._wake_at = math.inf if wake is None else wake
@@ -189,15 +211,15 @@ class Watchdog:
                 reason = "its lease expired before it could be renewed"
                 if hold.last_error:
                     reason += f" (last error: {hold.last_error})"
-            self._client._mark_lost(hold, reason)
+            self._mark_lost(hold, reason)
 
-    def _due_renewals(self, now: float) -> list[_Hold]:
+    def _due_renewals(self, now: float) -> list[Hold]:
         heap = self._renewals
         if not heap or heap[0][0] > now:
             return []
         # Everything due within a tenth of the interval joins this batch.
         horizon = now + self.interval / 10
-        batch: list[_Hold] = []
+        batch: list[Hold] = []
         while heap and heap[0][0] <= horizon:
             _, _, gen, hold = heapq.heappop(heap)
             if gen != hold.generation or not hold.active or hold.renewing:
@@ -205,17 +227,16 @@ class Watchdog:
             batch.append(hold)
         return batch
 
-    async def _renew(self, batch: list[_Hold]) -> None:
-        client = self._client
-        backend = client.backend
+    async def _renew(self, batch: list[Hold]) -> None:
+        backend = self._backend
         gens = [hold.generation for hold in batch]
-        ttl = client.config.watchdog_ttl
+        ttl = self._config.watchdog_ttl
         try:
             results: Any = None
             error: BaseException | None = None
             try:
                 # Bounded: a renewal past the earliest expiry in the batch is of no use.
-                with anyio.fail_after(client.config.op_timeout):
+                with anyio.fail_after(self._config.op_timeout):
                     results = await backend.renew([hold.grant for hold in batch], ttl)
             except (LockError, TimeoutError, OSError) as exc:
                 error = exc
@@ -230,9 +251,7 @@ class Watchdog:
                     hold.generation += 1
                     self._schedule(hold)
                 elif results[i] is None:
-                    client._mark_lost(
-                        hold, "the lease was gone or owned by someone else at renewal"
-                    )
+                    self._mark_lost(hold, "the lease was gone or owned by someone else at renewal")
                 else:
                     self.renewed(hold, results[i])
         finally:

@@ -18,7 +18,7 @@ from typing import Any, Self
 import anyio
 
 from .._errors import ConfigurationError
-from .._lease import LockStatus
+from .._types import LockStatus
 from .._url import ParsedURL
 from ._base import (
     Backend,

@@ -61,9 +61,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import BackendError, ConfigurationError, describe, translating
-from .._lease import LockStatus
+from .._types import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_int, take_str
-from .._waiting import Backoff, Reservations, Wakeup, WakeupBoard
+from .._wakeup import Backoff, Reservations, Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,

@@ -53,9 +53,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, SSLConnection
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, describe, translating
-from .._lease import LockStatus
+from .._types import LockStatus
 from .._url import ParsedURL, take_bool, take_float, take_str
-from .._waiting import Reservations, Wakeup, WakeupBoard
+from .._wakeup import Reservations, Wakeup, WakeupBoard
 from ._base import (
     Backend,
     Busy,

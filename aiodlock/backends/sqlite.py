@@ -34,9 +34,9 @@ import anyio
 import anyio.to_thread
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
-from .._lease import LockStatus
+from .._types import LockStatus
 from .._url import ParsedURL, sqlite_url, take_float, take_str
-from .._waiting import Backoff, BoardWaiter, WakeupBoard
+from .._wakeup import Backoff, BoardWaiter, WakeupBoard
 from ._base import (
     Backend,
     Busy,

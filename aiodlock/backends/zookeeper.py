@@ -44,7 +44,7 @@ from aiozk import ACL, exc, protocol
 from aiozk.connection import Connection
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
-from .._lease import LockStatus
+from .._types import LockStatus
 from .._url import ParsedURL, take_float, take_str
 from ._base import (
     Backend,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from aiodlock._waiting import Reservations, Wakeup, WakeupBoard
+from aiodlock._wakeup import Reservations, Wakeup, WakeupBoard
 
 
 async def test_a_wakeup_set_before_the_wait_returns_at_once() -> None:

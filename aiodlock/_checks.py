@@ -1,0 +1,42 @@
+"""Layer 1: checks of what a caller passes in, each failing with a message naming it."""
+
+from __future__ import annotations
+
+import math
+
+from ._errors import ConfigurationError
+
+__all__ = ["MAX_NAME_LENGTH", "check_name", "check_seconds"]
+
+MAX_NAME_LENGTH = 512
+
+
+def check_name(name: object) -> str:
+    """Validate a lock name (any non-empty str of at most 512 characters)."""
+    if not isinstance(name, str):
+        raise ConfigurationError(f"a lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ConfigurationError("a lock name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"a lock name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}"
+        )
+    return name
+
+
+def check_seconds(what: str, value: object, *, allow_none: bool, positive: bool) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ConfigurationError(f"{what} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or number < 0 or (positive and number == 0):
+        bound = "greater than 0" if positive else "0 or more"
+        raise ConfigurationError(f"{what} must be {bound}, got {value!r}")
+    if math.isinf(number):
+        if allow_none and not positive:
+            return None  # timeout=inf means wait forever
+        raise ConfigurationError(f"{what} must be finite, got {value!r}")
+    return number

@@ -1,0 +1,136 @@
+"""Layer 2: one owner's holding of one name in a client, and what a lease reads after it.
+
+A :class:`Hold` is shared by the reentrant acquires of its owner; the client's table of
+holds, the watchdog and the :class:`~aiodlock.Lease` handed to the caller all refer to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Literal
+
+from ._errors import ConfigurationError
+from ._lease import Lease, settle
+from ._types import Grant, monotonic
+
+__all__ = ["BodyEntry", "Ended", "Hold", "OnLost", "check_on_lost"]
+
+#: What to do when a lease is lost: cancel the body, only set the flag, or call this.
+OnLost = Literal["cancel", "ignore"] | Callable[[Lease], object]
+
+
+def check_on_lost(on_lost: object) -> OnLost:
+    if on_lost in ("cancel", "ignore") or callable(on_lost):
+        return on_lost
+    raise ConfigurationError(f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}")
+
+
+class Hold:
+    """One owner's holding of one name in this client (shared by reentrant acquires)."""
+
+    __slots__ = (
+        "__weakref__",
+        "acquired_at",
+        "count",
+        "entries",
+        "expires_at",
+        "fixed_ttl",
+        "generation",
+        "grant",
+        "last_error",
+        "lease",
+        "lost",
+        "lost_event",
+        "lost_reason",
+        "name",
+        "on_lost",
+        "owner",
+        "released",
+        "renew_at",
+        "renewing",
+        "server_released",
+        "task",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        grant: Grant,
+        ttl: float,
+        fixed_ttl: bool,
+        on_lost: OnLost,
+        task: asyncio.Task[Any],
+    ) -> None:
+        self.name = grant.name
+        self.owner = grant.owner
+        self.grant = grant
+        self.ttl = ttl
+        self.fixed_ttl = fixed_ttl
+        self.on_lost = on_lost
+        self.task = task
+        self.count = 1
+        self.expires_at = grant.expires_at
+        self.acquired_at = monotonic()
+        self.renew_at: float | None = None
+        self.renewing = False
+        self.generation = 0
+        self.released = False
+        self.server_released = False
+        self.lost = False
+        self.lost_event: asyncio.Event | None = None  # made when somebody waits for a loss
+        self.lost_reason: str | None = None
+        self.last_error: str | None = None
+        #: One per ``async with`` level (outermost first); see Lock.__aenter__.
+        self.entries: list[BodyEntry] = []
+        self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
+
+    def end(self) -> None:
+        """The holding is over: its lease reads a copy of the final state from now on (the
+        hold and its lease no longer refer to each other, see :class:`Ended`)."""
+        settle(self.lease, Ended(self))
+
+    @property
+    def active(self) -> bool:
+        return not self.released and not self.lost
+
+    async def wait_lost(self) -> None:
+        if self.lost:
+            return
+        if self.lost_event is None:
+            self.lost_event = asyncio.Event()
+        await self.lost_event.wait()
+
+
+class Ended:
+    """What a :class:`Lease` reads once its holding is over: a copy of the final state.
+
+    The live hold and its lease refer to each other; replacing the lease's side by this copy
+    when the holding ends breaks that cycle, so a finished lock cycle is freed by reference
+    counting and leaves nothing for the cyclic garbage collector (whose full collections
+    stall the event loop).
+    """
+
+    __slots__ = ("expires_at", "lost", "lost_reason")
+
+    released = True
+
+    def __init__(self, hold: Hold) -> None:
+        self.lost = hold.lost
+        self.lost_reason = hold.lost_reason
+        self.expires_at = hold.expires_at
+
+    async def wait_lost(self) -> None:
+        if self.lost:
+            return
+        await asyncio.get_running_loop().create_future()  # a kept lease is never lost
+
+
+class BodyEntry:
+    """One ``async with`` level around a body: the task to cancel when the lease is lost."""
+
+    __slots__ = ("cancel_requested", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.cancel_requested = False

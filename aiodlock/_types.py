@@ -1,0 +1,126 @@
+"""Layer 0: the values the core and the backends exchange, and the clock.
+
+Nothing here imports from the rest of the library.  :class:`Request` and :class:`Grant`
+carry one owner's wish and what the server granted; new kinds of request (a read/write
+mode, a permit limit for a counting semaphore) are new fields with defaults, so every
+backend that does not support them keeps working and says so through :class:`Capability`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "Busy",
+    "Capability",
+    "CommonConfig",
+    "Grant",
+    "LockStatus",
+    "LostCallback",
+    "Request",
+    "Waiter",
+    "monotonic",
+]
+
+monotonic = time.monotonic
+"""The client-side clock (the asyncio event loop uses the same one)."""
+
+
+class Capability(enum.Flag):
+    """What a backend can do; checked by the core before anything is sent."""
+
+    NONE = 0
+    #: ``fair=True`` is supported (FIFO in request order).
+    FAIR = enum.auto()
+    #: Every lock is FIFO-fair, whatever ``fair`` says.
+    ALWAYS_FAIR = enum.auto()
+    #: Fencing tokens strictly increase per name (see the backend's docs for exceptions).
+    FENCING = enum.auto()
+    #: Leases are bound to a server session / lease object the backend keeps alive itself:
+    #: the core never calls :meth:`Backend.renew`; the backend reports losses through the
+    #: :data:`LostCallback` it receives in :meth:`Backend.open`.
+    SESSION_LEASE = enum.auto()
+    #: Locks are visible to other processes (everything but ``memory://``).
+    CROSS_PROCESS = enum.auto()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommonConfig:
+    """Options every backend shares (parsed by the core)."""
+
+    namespace: str = "aiodlock"
+    watchdog_ttl: float = 30.0
+    connect_timeout: float = 5.0
+    op_timeout: float = 5.0
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """One owner's wish to take one name."""
+
+    name: str
+    owner: str
+    #: Lease length in seconds (``watchdog_ttl`` for watchdog-renewed locks).
+    ttl: float
+    fair: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class Grant:
+    """A lease the server granted."""
+
+    name: str
+    owner: str
+    token: int
+    #: When the lease ends at the latest, on the client's :func:`monotonic` clock, measured
+    #: from BEFORE the granting request was sent (so it is conservative); ``None`` when the
+    #: lease is bound to a session that the backend keeps alive.
+    expires_at: float | None
+    #: Backend-private data (a node path, a lease id, a version...).
+    data: Any = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Busy:
+    """The name is held by someone else."""
+
+    #: Seconds until the holder's lease ends if nobody renews it, when the server said.
+    retry_after: float | None = None
+
+
+class Waiter(Protocol):
+    """A wake-up source for one waiting owner (entered before the retry that precedes a wait).
+
+    A waiter may also have ``listening_since: float | None``: since when (monotonic) a
+    release is certain to wake it (e.g. its subscription confirmed), or None.  When that is
+    before the attempt that preceded the waiter, the loop sleeps at once instead of asking
+    again (see ``_waiting._still_busy``).
+    """
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return when woken (a release, a lease end) or after ``timeout`` seconds."""
+        ...
+
+
+#: Called by a session-bound backend when leases are lost: ``(grants, reason)``.
+LostCallback = Callable[[Sequence[Grant], str], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockStatus:
+    """Who holds a lock right now, as the backend sees it.
+
+    ``owner`` equals the holder's :attr:`Lease.owner`; ``expires_in`` is the seconds left on
+    the holder's lease (``None`` when the lease is bound to a session with no fixed end);
+    ``waiters`` is the number of queued waiters where the backend knows it, else ``None``.
+    """
+
+    name: str
+    owner: str
+    token: int
+    expires_in: float | None
+    waiters: int | None = None
