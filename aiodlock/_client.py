@@ -143,7 +143,15 @@ class Client:
         self._owner_seq = 0
         #: Closed: the tasks' end callbacks were removed (see _watch_tasks).
         self._unwatched = False
-        self._state: Literal["new", "open", "closed"] = "new"
+        self._state: Literal["new", "open", "closing", "closed"] = "new"
+        #: Tasks inside acquire() past the open check: close() ends their waits.
+        self._acquiring: set[asyncio.Task[Any]] = set()
+        #: The tasks close() cancelled to end their acquire (they raise LockError instead).
+        self._ended_by_close: set[asyncio.Task[Any]] = set()
+        #: Server releases under way (close() lets them finish before closing the backend).
+        self._releasing = 0
+        self._releases_done: asyncio.Event | None = None
+        self._acquires_done: asyncio.Event | None = None
         self._open_lock: asyncio.Lock | None = None
         self._watchdog = Watchdog(
             backend,
@@ -180,6 +188,8 @@ class Client:
         """Connect (idempotent).  Raises :class:`BackendError` if the server is unreachable."""
         if self._state == "open":
             return
+        if self._state == "closing":
+            raise LockError("the client is closing; open it again once close() has returned")
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
@@ -206,22 +216,32 @@ class Client:
             self._watchdog.start()
 
     async def close(self) -> None:
-        """Release every lock this client still holds, stop the watchdog, disconnect.
+        """End every wait of this client's tasks, release every lock it holds, stop the
+        watchdog, disconnect.
 
-        A body still running under one of this client's locks sees the lease as lost.
+        Tasks waiting in an acquire get :class:`LockError`; a body still running under one
+        of this client's locks sees the lease as lost.  When this returns, nothing of the
+        client is left on the server.  A closed client refuses new acquisitions until
+        :meth:`open` is called again.
         """
         if self._state != "open":
             return
-        self._state = "closed"
+        self._state = "closing"
         # The tasks that used this client no longer tell it when they end (their callback
         # would keep a closed client alive as long as a long-lived task).
         self._watch_tasks(False)
         with anyio.CancelScope(shield=True):
+            # NOTE: the order matters.  Waits end first, each cleaning up after itself
+            # through the open backend (a grant on its way is given back); then the holds
+            # are released, and no local waiter is left to hand one to; the backend closes
+            # last, once the releases begun by cancelled tasks are through as well.
+            await self._end_acquires()
             holds = [h for h in self._holds.values() if not h.server_released]
             for hold in holds:
                 self._mark_lost(hold, "the client was closed while the lock was held")
             for hold in holds:
                 await self._server_release(hold)
+            await self._end_releases()
             await self._watchdog.stop()
             for task in list(self._tasks):
                 task.cancel()
@@ -233,6 +253,64 @@ class Client:
                     await self._backend.aclose()
             except Exception:
                 log.warning("aiodlock: closing the backend failed", exc_info=True)
+            finally:
+                self._state = "closed"
+
+    async def _end_acquires(self) -> None:
+        """Cancel every acquire in flight (it raises LockError) and wait until each has
+        cleaned up after itself (bounded: each clean-up is bounded by op_timeout)."""
+        current = asyncio.current_task()
+        tasks = [t for t in self._acquiring if t is not current and not t.done()]
+        for task in tasks:
+            self._ended_by_close.add(task)
+            task.cancel("aiodlock: the client was closed")
+        if not tasks:
+            return
+        self._acquires_done = asyncio.Event()
+        with anyio.move_on_after(self._config.op_timeout * 3):
+            await self._acquires_done.wait()
+        self._acquires_done = None
+
+    async def _give_back(self, task: asyncio.Task[Any], grant: Grant | None, name: str) -> None:
+        """An acquire answered while close() runs: give the grant back through the backend,
+        which close() keeps open until this is done, and raise LockError."""
+        try:
+            if task in self._ended_by_close:
+                # close() cancelled the task as the answer came: that cancellation is still
+                # on its way.  Take it here, where it is ours.
+                self._ended_by_close.discard(task)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)
+                task.uncancel()
+            if grant is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                    try:
+                        await self._backend.release(grant)
+                    except Exception:
+                        log.warning(
+                            "aiodlock: giving back %r at close failed; it stays locked until "
+                            "its lease ends",
+                            name,
+                            exc_info=True,
+                        )
+        finally:
+            self._acquire_ended(task)
+        raise LockError(f"the client was closed while acquiring {name!r}")
+
+    def _acquire_ended(self, task: asyncio.Task[Any]) -> None:
+        acquiring = self._acquiring
+        acquiring.discard(task)
+        if not acquiring and self._acquires_done is not None:
+            self._acquires_done.set()
+
+    async def _end_releases(self) -> None:
+        """Wait (bounded by op_timeout) for the server releases under way."""
+        if not self._releasing:
+            return
+        self._releases_done = asyncio.Event()
+        with anyio.move_on_after(self._config.op_timeout):
+            await self._releases_done.wait()
+        self._releases_done = None
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
@@ -254,6 +332,8 @@ class Client:
 
     async def _ensure_open(self) -> None:
         if self._state != "open":
+            if self._state != "new":
+                raise LockError(f"the client is {self._state}: call open() to use it again")
             await self.open()
 
     def spawn(self, coro: Awaitable[Any], name: str) -> None:
@@ -394,12 +474,13 @@ class Client:
             hold.count += 1  # reentrant: no round trip
             return hold.lease
         if self._state != "open":
-            await self.open()
+            await self._ensure_open()
         backend = self._backend
         lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
         request = Request(name, owner, lease_ttl, fair)
         started = monotonic()
         deadline = None if timeout is None else started + timeout
+        self._acquiring.add(task)
         try:
             if self._default_acquire:
                 # Backend.acquire() is the shared loop: make its first attempt here (one
@@ -413,23 +494,23 @@ class Client:
                     grant = await acquire_loop(backend, request, deadline, first, started)
             else:
                 grant = await backend.acquire(request, deadline)
-        except BaseException:
+        except BaseException as exc:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
             await self._abandon(request)
+            self._acquire_ended(task)
+            if isinstance(exc, asyncio.CancelledError) and task in self._ended_by_close:
+                self._ended_by_close.discard(task)
+                if task.uncancel() == 0:  # (no other cancellation pending: ours only)
+                    raise LockError(f"the client was closed while acquiring {name!r}") from None
             raise
+        if self._state != "open":
+            await self._give_back(task, grant, name)
+        self._acquire_ended(task)
         if grant is None:
             waited = monotonic() - started
             notify(self._observers, "on_timeout", name, owner, waited)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
-        if self._state != "open":
-            # The client was closed while this task waited: give the grant back.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                try:
-                    await backend.release(grant)
-                except Exception:
-                    log.debug("aiodlock: release after close failed", exc_info=True)
-            raise LockError(f"the client was closed while acquiring {name!r}")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
         hold = Hold(grant, lease_ttl, ttl is not None, on_lost, task)
@@ -444,8 +525,8 @@ class Client:
         return hold.lease
 
     async def _abandon(self, request: Request) -> None:
-        if self._state != "open":
-            return  # close() has released everything and closed the backend
+        if self._state == "closed":
+            return  # (close() waits for the acquires in flight: a late one finds nothing)
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout * 2):
             try:
                 await self._backend.abandon(request)
@@ -537,6 +618,7 @@ class Client:
             if started is None:
                 return
         hold.generation += 1
+        self._releasing += 1
         try:
             error: BaseException | None = None
             released = True
@@ -570,6 +652,9 @@ class Client:
                     at_release=True,
                 )
         finally:
+            self._releasing -= 1
+            if not self._releasing and self._releases_done is not None:
+                self._releases_done.set()
             if hold.released:
                 hold.end()  # the holding is over: break the cycle
 

@@ -39,6 +39,9 @@ async def open_clients(default_url: str, **defaults: Any) -> AsyncIterator[Clien
         clients.append(client)
         return client
 
+    # (for a test that makes a client of its own on the same URL and options)
+    make.url = default_url  # type: ignore[attr-defined]
+    make.options = dict(defaults)  # type: ignore[attr-defined]
     try:
         yield make
     finally:
