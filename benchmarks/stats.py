@@ -1,24 +1,16 @@
-"""Small statistics helpers (no numpy)."""
+"""Small statistics helpers (no numpy).
+
+:func:`percentile` is the library's own (:mod:`aiodlock.cli._stats`, which the ``aiodlock
+demo`` report uses too): linear interpolation between the closest ranks.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
+from aiodlock.cli._stats import percentile
+
 __all__ = ["percentile", "summary_ms", "time_weighted_percentile"]
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) of sorted values, linear between closest ranks."""
-    if not sorted_values:
-        return None
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    rank = (len(sorted_values) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    fraction = rank - low
-    return float(sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction)
 
 
 def summary_ms(seconds: Iterable[float]) -> dict[str, float | int | None]:

@@ -1,0 +1,69 @@
+"""What the commands of :mod:`aiodlock.cli` share: exit statuses, errors, the client."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .. import Client, ConfigurationError, connect, default_url
+from .._url import parse_url
+
+EX_OK = 0
+#: ``status``: the lock is free; ``release --force``: there was nothing to release; ``demo``:
+#: an overlap or a token out of order was seen.
+EX_FREE = 1
+#: Usage or configuration error (bad option, bad URL, unknown scheme, missing extra).
+EX_CONFIG = 2
+#: The lock service failed or could not be reached (BSD sysexits EX_UNAVAILABLE).
+EX_UNAVAILABLE = 69
+#: ``run``: the lease was lost while the command ran; the command was stopped (EX_SOFTWARE).
+EX_LOST = 70
+#: ``run``: the lock was not acquired within ``--timeout``; the command did not run.
+EX_TEMPFAIL = 75
+#: ``run``: the command exists but could not be executed (as in a POSIX shell).
+EX_NOT_EXECUTABLE = 126
+#: ``run``: the command was not found (as in a POSIX shell).
+EX_COMMAND_NOT_FOUND = 127
+
+DEMO_NAMESPACE = "aiodlock-demo"
+DEMO_LOCK = "aiodlock-demo"
+
+
+class _Exit(Exception):
+    """Leave with a status after printing ``message`` on stderr."""
+
+    def __init__(self, status: int, message: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _say(message: str) -> None:
+    print(f"aiodlock: {message}", file=sys.stderr, flush=True)
+
+
+def _resolved_url(args: argparse.Namespace) -> str:
+    url: str | None = args.url
+    return url if url else default_url()
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with any password masked (for messages)."""
+    try:
+        return parse_url(url).redacted()
+    except ConfigurationError:
+        return "<the URL>"
+
+
+def _make_client(args: argparse.Namespace, **options: Any) -> Client:
+    url = _resolved_url(args)
+    if args.namespace is not None and "namespace" not in options:
+        options["namespace"] = args.namespace
+    return connect(url, **options)
+
+
+def _fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "no fixed end (bound to a server session)"
+    return f"{value:.1f} s" if value >= 10 else f"{value:.3f} s"

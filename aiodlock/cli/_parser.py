@@ -1,0 +1,281 @@
+"""The argument parser of the ``aiodlock`` command."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, NoReturn
+
+from .. import __version__
+from ._common import DEMO_LOCK, DEMO_NAMESPACE, EX_CONFIG
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors exit with :data:`EX_CONFIG`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_CONFIG, f"{self.prog}: error: {message}\n")
+
+
+_DESCRIPTION = """\
+Distributed locks from the shell.
+
+The lock service is --url (accepted before or after the command), else the
+environment variable AIODLOCK_URL, else the embedded default: a SQLite file in
+the user cache dir ($XDG_CACHE_HOME/aiodlock/locks.db), shared by every process
+of this host. Examples of URLs: redis://127.0.0.1:6379/0,
+zookeeper://zk1:2181,zk2:2181/app, etcd://127.0.0.1:2379,
+sqlite:////var/lock/app.db, mysql://user:pw@db:3306/app.
+"""
+
+_EPILOG = """\
+examples:
+  aiodlock run nightly-backup -- /usr/local/bin/backup.sh --full
+  aiodlock run --timeout 0 cron:report -- python report.py   # skip if running
+  aiodlock --url redis://10.0.0.5:6379/0 status nightly-backup
+  aiodlock release nightly-backup --force
+  aiodlock demo --workers 8
+
+exit statuses: run passes the command's status through; 75 lock not acquired
+in time; 70 lease lost while the command ran; 2 usage or configuration error;
+69 lock service unavailable. See `aiodlock COMMAND --help` and docs/cli.md.
+"""
+
+
+def _add_lock_command(
+    commands: argparse._SubParsersAction[_Parser],
+    command: str,
+    common: _Parser,
+    **options: Any,
+) -> argparse.ArgumentParser:
+    """The parser of ``aiodlock COMMAND NAME ...``, a command on the lock NAME."""
+    parser = commands.add_parser(command, parents=[common], **options)
+    parser.add_argument("name", metavar="NAME", help="the lock name")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``aiodlock`` command."""
+    common = _Parser(add_help=False)
+    group = common.add_argument_group("lock service")
+    group.add_argument(
+        "--url",
+        dest="sub_url",
+        metavar="URL",
+        help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
+    )
+    group.add_argument(
+        "--namespace",
+        dest="sub_namespace",
+        metavar="NS",
+        help="key prefix that separates applications on one server (default: aiodlock)",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="sub_verbose",
+        action="store_true",
+        default=None,
+        help="say what happens (acquired, released, tokens) on stderr",
+    )
+
+    parser = _Parser(
+        prog="aiodlock",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
+    parser.add_argument("--url", metavar="URL", help="lock service URL (see above)")
+    parser.add_argument(
+        "--namespace", metavar="NS", help="key prefix of every lock (default: aiodlock)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="say what happens")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
+    )
+    commands.required = True
+
+    run = _add_lock_command(
+        commands,
+        "run",
+        common,
+        usage="aiodlock run [options] NAME -- COMMAND [ARGS...]",
+        help="run a command while holding a lock (like flock(1), across hosts)",
+        description=(
+            "Acquire the lock NAME, run COMMAND while holding it, release it when COMMAND "
+            "ends. The exit status is the command's (128+N if it died of signal N). While "
+            "the command runs a watchdog renews the lease; if the lease is lost anyway "
+            "(server unreachable for too long, --ttl ran out, force-released) the command "
+            "gets SIGTERM, then SIGKILL after --grace seconds, and aiodlock exits 70. "
+            "SIGINT, SIGTERM and SIGHUP sent to aiodlock are passed on to the command. "
+            "The command sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
+            "AIODLOCK_OWNER in its environment."
+        ),
+        epilog=(
+            "exit statuses: the command's; 75 not acquired within --timeout (the command "
+            "did not run); 70 lease lost (the command was stopped); 126/127 the command "
+            "could not be executed / was not found; 2 usage or configuration error; 69 "
+            "lock service unavailable; 128+N signal N arrived before the command started."
+        ),
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="give up (exit 75) after S seconds; 0 tries once (default: wait forever)",
+    )
+    run.add_argument(
+        "--ttl",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help=(
+            "fixed lease of S seconds, never renewed: the command is stopped when it runs "
+            "out (default: a watchdog renews the lease while aiodlock runs)"
+        ),
+    )
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="after a lost lease, seconds between SIGTERM and SIGKILL (default: 5)",
+    )
+    run.add_argument(
+        "command_args",
+        nargs="*",
+        metavar="COMMAND",
+        help="the command and its arguments, after --",
+    )
+
+    status = _add_lock_command(
+        commands,
+        "status",
+        common,
+        help="show who holds a lock (exit 0 held, 1 free)",
+        description=(
+            "Show the holder of the lock NAME (its owner string), its fencing token, the "
+            "seconds left on its lease and, where the backend knows it, how many wait. "
+            "Exits 0 when the lock is held and 1 when it is free."
+        ),
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    release = _add_lock_command(
+        commands,
+        "release",
+        common,
+        help="break a lock whoever holds it (needs --force)",
+        description=(
+            "Break the lock NAME whoever holds it (an admin operation). The holder is no "
+            "longer protected: it notices the loss at its next renewal (an `aiodlock run` "
+            "holder then stops its command). Exits 0 when a lock was broken, 1 when NAME "
+            "was not held, 2 without --force."
+        ),
+    )
+    release.add_argument("--force", action="store_true", help="really break the lock (required)")
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="N processes contend for one lock; checks mutual exclusion and tokens",
+        description=(
+            "Start N worker processes that contend for ONE lock: each loops acquire, a "
+            "short critical section (1-3 ms), release. Every worker creates a marker file "
+            "with O_CREAT|O_EXCL on entry and removes it on exit, and records monotonic "
+            "enter/exit times with its fencing token. The report gives acquisitions, "
+            "overlaps seen (must be 0), whether tokens strictly increase in the order of "
+            "entry, wait times and hand-off gaps. Exits 1 if an overlap or a token out of "
+            f"order was seen. Uses the namespace {DEMO_NAMESPACE!r} unless --namespace is "
+            "given, so it never touches your own locks."
+        ),
+    )
+    demo.add_argument(
+        "--workers", type=_positive_int, default=4, metavar="N", help="processes (default: 4)"
+    )
+    stop = demo.add_mutually_exclusive_group()
+    stop.add_argument(
+        "--duration",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="contend for S seconds (default: 3)",
+    )
+    stop.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="each worker acquires N times instead of a fixed duration",
+    )
+    demo.add_argument(
+        "--hold-ms",
+        type=float,
+        nargs=2,
+        default=(1.0, 3.0),
+        metavar=("MIN", "MAX"),
+        help="critical section length range in milliseconds (default: 1 3)",
+    )
+    demo.add_argument("--name", default=DEMO_LOCK, help=f"lock name (default: {DEMO_LOCK})")
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    # The worker half of ``demo``; not listed in the help.
+    worker = commands.add_parser("_demo-worker", parents=[common])
+    worker.add_argument("--index", type=int, required=True)
+    worker.add_argument("--name", required=True)
+    worker.add_argument("--marker-dir", required=True)
+    worker.add_argument("--rounds", type=int, default=0)
+    worker.add_argument("--hold-ms", type=float, nargs=2, default=(1.0, 3.0))
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    # ``run NAME [options] -- COMMAND ...``: everything after the first ``--`` that follows
+    # ``run`` is the command, verbatim (argparse would otherwise read its options).
+    tail: list[str] | None = None
+    if "run" in argv and "--" in argv[argv.index("run") :]:
+        cut = argv.index("--", argv.index("run"))
+        argv, tail = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    if tail is not None:
+        if args.command != "run":  # "run" was an option's value: parse the whole thing
+            args = parser.parse_args([*argv, "--", *tail])
+        else:
+            args.command_args = [*args.command_args, *tail]
+    # Common options are accepted before and after the command; after wins.
+    for option in ("url", "namespace", "verbose"):
+        after = getattr(args, f"sub_{option}", None)
+        if after is not None:
+            setattr(args, option, after)
+    return args
