@@ -1,7 +1,8 @@
 """Scheme -> backend class, imported lazily.
 
 Built-in backends are listed as ``"module:Class"`` strings and imported on first use, so
-``import aiodlock`` never imports a driver.  Third-party backends register under the entry
+``import aiodlock`` never imports a driver.  Only backends whose module exists are listed: a
+scheme is added together with its backend.  Third-party backends register under the entry
 point group ``aiodlock.backends`` (name = scheme, value = ``"module:Class"``).
 """
 
@@ -31,10 +32,6 @@ BUILTIN: dict[str, str] = {
     "redlock": "aiodlock.backends.redlock:RedlockBackend",
     "zookeeper": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
-    "etcd": "aiodlock.backends.etcd:EtcdBackend",
-    "etcds": "aiodlock.backends.etcd:EtcdBackend",
-    "mysql": "aiodlock.backends.mysql:MySQLBackend",
-    "mariadb": "aiodlock.backends.mysql:MySQLBackend",
 }
 
 #: The pip extra that brings a backend module's driver.
@@ -42,8 +39,6 @@ EXTRAS: dict[str, str] = {
     "aiodlock.backends.redis": "redis",
     "aiodlock.backends.redlock": "redlock",
     "aiodlock.backends.zookeeper": "zookeeper",
-    "aiodlock.backends.etcd": "etcd",
-    "aiodlock.backends.mysql": "mysql",
 }
 
 

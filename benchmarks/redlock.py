@@ -51,7 +51,7 @@ from .runner import (
     side_rows,
     target_lines,
 )
-from .server import log, temporary_server
+from .server import log, redis_masters
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
 
@@ -163,13 +163,6 @@ PEERS = ("pottery", "aioredlock")
 # --------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------
-
-
-def redis_masters(n: int) -> contextlib.AbstractContextManager[Any]:
-    """``n`` throw-away redis-servers (independent masters), stopped and deleted after."""
-    return temporary_server(
-        "redis", lambda servers, base: servers.RedisGroup(base, n), "aiodlock-bench-redlock-"
-    )
 
 
 async def _interleaved_a(

@@ -1,6 +1,7 @@
-"""A fresh redis-server on a free loopback port, through the test harness's RedisServer.
+"""Throw-away servers on free loopback ports, through the test harness (``tests/servers.py``).
 
-Never the system Redis on 6379: the port comes from ``tests.servers.free_port()``.
+A redis-server, ``n`` independent Redis masters (Redlock) or a standalone ZooKeeper; never
+the system's servers on their standard ports: the ports come from ``tests.servers.free_port()``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["log", "redis_server", "servers_module", "temporary_server"]
+__all__ = [
+    "log",
+    "redis_masters",
+    "redis_server",
+    "servers_module",
+    "temporary_server",
+    "zookeeper_server",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,6 +72,23 @@ def redis_server() -> contextlib.AbstractContextManager[Any]:
     """Start a throw-away redis-server (no persistence); stop it and delete its files."""
     return temporary_server(
         "redis", lambda servers, base: servers.RedisServer(base), "aiodlock-bench-"
+    )
+
+
+def redis_masters(n: int) -> contextlib.AbstractContextManager[Any]:
+    """``n`` throw-away redis-servers (independent masters), stopped and deleted after."""
+    return temporary_server(
+        "redis", lambda servers, base: servers.RedisGroup(base, n), "aiodlock-bench-redlock-"
+    )
+
+
+def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """A throw-away standalone ZooKeeper (``forceSync=no`` unless ``force_sync``)."""
+    extra = {} if force_sync else {"forceSync": "no"}
+    return temporary_server(
+        "zookeeper",
+        lambda servers, base: servers.ZooKeeperServer(base, extra_config=extra),
+        "aiodlock-bench-zk-",
     )
 
 

@@ -41,7 +41,7 @@ from .runner import (
     side_rows,
     target_lines,
 )
-from .server import log, temporary_server
+from .server import log, zookeeper_server
 
 __all__ = ["ADAPTERS", "main"]
 
@@ -283,16 +283,6 @@ async def wakeups(
 # --------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------
-
-
-def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]:
-    """A throw-away standalone ZooKeeper (``forceSync=no`` unless ``force_sync``)."""
-    extra = {} if force_sync else {"forceSync": "no"}
-    return temporary_server(
-        "zookeeper",
-        lambda servers, base: servers.ZooKeeperServer(base, extra_config=extra),
-        "aiodlock-bench-zk-",
-    )
 
 
 def _brief(result: dict[str, Any]) -> str:
