@@ -36,9 +36,10 @@ from ._errors import (
 )
 from ._hold import Hold, OnLost
 from ._lease import Lease
+from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
-from ._types import Capability, CommonConfig, Grant, LockStatus, Request, monotonic
+from ._types import Busy, Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
 from ._watchdog import Watchdog
@@ -129,6 +130,12 @@ class Client:
         self._config = backend.config
         # The backend keeps Backend.acquire (the shared try-then-wait loop)?
         self._default_acquire = type(backend).acquire is Backend.acquire
+        #: This client's waiting owners: hand-offs between its tasks (see _local).
+        self._local = LocalWaiters(
+            backend,
+            window=min(0.1, self._config.op_timeout),
+            patience=self._config.op_timeout * 2,
+        )
         #: A unique string per client instance; owners are ``f"{id}:{n}"``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
@@ -485,13 +492,24 @@ class Client:
             if self._default_acquire:
                 # Backend.acquire() is the shared loop: make its first attempt here (one
                 # coroutine less per uncontended acquire), the loop only if it was busy.
-                first = await backend.try_acquire(
-                    request, will_wait=deadline is None or deadline > started
-                )
+                local = self._local
+                if local.reservations and not fair and (deadline is None or deadline > started):
+                    barred = local.reservations.bar(name, False)
+                    # NOTE: a release of this client woke one of its waiters: do not barge
+                    # past it (the releasing task asking again at once, typically).
+                    first: Grant | Busy = (
+                        Busy(barred)
+                        if barred is not None
+                        else await backend.try_acquire(request, will_wait=True)
+                    )
+                else:
+                    first = await backend.try_acquire(
+                        request, will_wait=deadline is None or deadline > started
+                    )
                 if isinstance(first, Grant):
                     grant: Grant | None = first
                 else:
-                    grant = await acquire_loop(backend, request, deadline, first, started)
+                    grant = await acquire_loop(backend, request, deadline, first, started, local)
             else:
                 grant = await backend.acquire(request, deadline)
         except BaseException as exc:
@@ -513,7 +531,7 @@ class Client:
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
-        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, task)
+        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, task, fair)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
@@ -599,7 +617,7 @@ class Client:
             return None
         hold.server_released = True
         self._watchdog.untrack(hold)
-        return self._backend.start_release(hold.grant)
+        return self._local.start_release(hold.grant, hold.fair)
 
     async def _server_release(
         self,

@@ -35,6 +35,7 @@ class Hold:
         "count",
         "entries",
         "expires_at",
+        "fair",
         "fixed_ttl",
         "generation",
         "grant",
@@ -61,12 +62,15 @@ class Hold:
         fixed_ttl: bool,
         on_lost: OnLost,
         task: asyncio.Task[Any],
+        fair: bool = False,
     ) -> None:
         self.name = grant.name
         self.owner = grant.owner
         self.grant = grant
         self.ttl = ttl
         self.fixed_ttl = fixed_ttl
+        #: Taken in request order (a fair lock is never handed over locally).
+        self.fair = fair
         self.on_lost = on_lost
         self.task = task
         self.count = 1

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
     "Busy",
@@ -46,6 +46,9 @@ class Capability(enum.Flag):
     SESSION_LEASE = enum.auto()
     #: Locks are visible to other processes (everything but ``memory://``).
     CROSS_PROCESS = enum.auto()
+    #: :meth:`Backend.transfer` releases a grant and grants the name to another owner in
+    #: one round trip (the core hands a lock to a waiting task of the same client).
+    TRANSFER = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,18 +95,30 @@ class Busy:
     retry_after: float | None = None
 
 
-class Waiter(Protocol):
+class Waiter:
     """A wake-up source for one waiting owner (entered before the retry that precedes a wait).
 
-    A waiter may also have ``listening_since: float | None``: since when (monotonic) a
-    release is certain to wake it (e.g. its subscription confirmed), or None.  When that is
-    before the attempt that preceded the waiter, the loop sleeps at once instead of asking
-    again (see ``_waiting._still_busy``).
+    Subclass it.  ``listening_since``: since when (monotonic) a release is certain to wake
+    it (e.g. its subscription confirmed), or None.  When that is before the attempt that
+    preceded the waiter, the loop sleeps at once instead of asking again (see
+    ``_waiting._still_busy``).
     """
 
-    async def wait(self, timeout: float | None) -> None:
-        """Return when woken (a release, a lease end) or after ``timeout`` seconds."""
-        ...
+    __slots__ = ()
+
+    listening_since: float | None = None
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Return when woken (True: a release, a hand-off) or after ``timeout`` seconds."""
+        raise NotImplementedError
+
+    def listening(self) -> bool:
+        """Would the server's announcement of a release reach this waiter right now?"""
+        return False
+
+    def wake(self) -> None:
+        """Wake it now (a hand-off by this client delivered it a grant)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be woken by a hand-off")
 
 
 #: Called by a session-bound backend when leases are lost: ``(grants, reason)``.

@@ -25,6 +25,7 @@ from ._types import Busy, Grant, Request, Waiter, monotonic
 from ._wakeup import Backoff
 
 if TYPE_CHECKING:
+    from ._local import Entry, LocalWaiters
     from .backends._base import Backend
 
 log = logging.getLogger("aiodlock")
@@ -38,11 +39,14 @@ async def acquire_loop(
     deadline: float | None,
     first: Busy | None = None,
     first_sent: float | None = None,
+    local: LocalWaiters | None = None,
 ) -> Grant | None:
     """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
 
     ``first``: the answer of a first attempt the caller already made, which it started at
-    ``first_sent`` (monotonic; None if unknown).
+    ``first_sent`` (monotonic; None if unknown).  ``local``: the client's own waiters; a
+    non-fair waiter joins them while it waits, so a release by another task of the client
+    can hand the lock to it (see ``_local``).
     """
     if first is None:
         first_sent = monotonic()
@@ -64,6 +68,7 @@ async def acquire_loop(
             return None  # the deadline passed while the waiter was being set up
         # NOTE: what ``async with context`` does, spelled out: no coroutine or exit stack
         # of its own per wait (this is every contended acquisition's path).
+        entry = None if local is None or request.fair else local.join(request, waiter)
         try:
             busy = _still_busy(waiter, first, first_sent)
             outage: _Outage | None = None
@@ -71,7 +76,11 @@ async def acquire_loop(
                 if busy is None:
                     # NOTE: the waiter is live here, so a release after this attempt wakes us.
                     try:
-                        result = await backend.try_acquire(request, will_wait=True)
+                        if entry is None:
+                            result = await backend.try_acquire(request, will_wait=True)
+                        else:
+                            assert local is not None
+                            result = await local.attempt(entry)
                     except BackendError as exc:
                         if not exc.transient:
                             raise
@@ -95,11 +104,17 @@ async def acquire_loop(
                 remaining = math.inf if deadline is None else deadline - monotonic()
                 if remaining <= 0:
                     break
-                await waiter.wait(_sleep_for(busy, remaining))
+                woken = await waiter.wait(_sleep_for(busy, remaining))
+                if entry is not None:
+                    entry.woken = woken
                 busy = None
         except BaseException as exc:
+            if entry is not None:
+                await _leave(local, entry)
             await context.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        if entry is not None:
+            await _leave(local, entry)
         await context.__aexit__(None, None, None)
         return granted
     finally:
@@ -109,6 +124,15 @@ async def acquire_loop(
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await backend.abandon(request)
+
+
+async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
+    """The waiter leaves the client's local waiters, giving back what a hand-off left it."""
+    assert local is not None
+    local.leave(entry)
+    if entry.needs_settling():
+        with anyio.CancelScope(shield=True):
+            await local.settle(entry)
 
 
 async def _enter_waiter(

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import anyio
 
-from ._types import monotonic
+from ._types import Waiter, monotonic
 
 __all__ = [
     "Backoff",
@@ -51,11 +51,8 @@ class Backoff:
         self._next = self.first
 
 
-class BackoffWaiter:
+class BackoffWaiter(Waiter):
     """A waiter that only polls (with :class:`Backoff`)."""
-
-    #: (see :class:`~aiodlock.backends._base.Waiter`: a poller never listens)
-    listening_since: float | None = None
 
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
@@ -65,9 +62,10 @@ class BackoffWaiter:
     async def context(cls, backoff: Backoff | None = None) -> AsyncIterator[BackoffWaiter]:
         yield cls(backoff)
 
-    async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> bool:
         delay = self.backoff.next()
         await anyio.sleep(delay if timeout is None else min(delay, timeout))
+        return False
 
 
 def _expire(future: asyncio.Future[None]) -> None:
@@ -250,15 +248,12 @@ class Reservations:
         self._until.pop(name, None)
 
 
-class BoardWaiter:
+class BoardWaiter(Waiter):
     """A waiter woken through a :class:`WakeupBoard`, optionally also polling with backoff.
 
     ``backoff=None`` means purely event-driven (the timeout passed to :meth:`wait` still
-    bounds the sleep, e.g. the holder's remaining lease).
+    bounds the sleep, e.g. the holder's remaining lease).  (It hears this process only.)
     """
-
-    #: (see :class:`~aiodlock.backends._base.Waiter`: a board hears this process only)
-    listening_since: float | None = None
 
     def __init__(self, slot: Slot, backoff: Backoff | None) -> None:
         self._slot = slot
@@ -272,14 +267,19 @@ class BoardWaiter:
         with board.register(name) as slot:
             yield cls(slot, backoff)
 
-    async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> bool:
         if self._backoff is not None:
             delay = self._backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
         await slot.event.wait(timeout)
-        if slot.event.is_set():
-            # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = Wakeup()
-            if self._backoff is not None:
-                self._backoff.reset()
+        if not slot.event.is_set():
+            return False
+        # Consume the wake-up: the next sleep waits for a new one.
+        slot.event = Wakeup()
+        if self._backoff is not None:
+            self._backoff.reset()
+        return True
+
+    def wake(self) -> None:
+        self._slot.event.set()

@@ -145,6 +145,18 @@ class Backend(abc.ABC):
         """
         return self.release(grant)
 
+    async def transfer(self, grant: Grant, to: Request) -> Grant | bool:
+        """Release ``grant`` and grant its name to ``to.owner`` in ONE step (only with
+        :attr:`Capability.TRANSFER`; the core calls it for a waiting owner of the same client,
+        never for a fair request).
+
+        Returns the receiver's :class:`Grant` when handed over; True when released without a
+        hand-over (the protocol gives the turn to someone else, as a plain release would);
+        False when ``grant`` was no longer held (nothing changed).  Raises
+        :class:`~aiodlock.BackendError` when it is unknown what happened.
+        """
+        raise NotImplementedError(f"the {self.backend_name} backend cannot transfer a lock")
+
     @abc.abstractmethod
     async def abandon(self, request: Request) -> None:
         """Remove whatever ``request.owner`` may have left for ``request.name``.

@@ -1242,7 +1242,7 @@ class PubSubHub:
                 del self._channels[channel]
 
 
-class HubWaiter:
+class HubWaiter(Waiter):
     """A waiter woken through a :class:`PubSubHub` (its slot on the hub's board).
 
     ``listening()`` tells whether a release would reach this waiter by message now (its
@@ -1294,17 +1294,22 @@ class HubWaiter:
         #: then does not repeat an attempt made since.
         self.listening_since: float | None = None
 
-    async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> bool:
         if not self._listening():
             delay = self._backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
         await slot.event.wait(timeout)
-        if slot.event.is_set():
-            # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = Wakeup()
-            self._backoff.reset()
-            self.woken = True
+        if not slot.event.is_set():
+            return False
+        # Consume the wake-up: the next sleep waits for a new one.
+        slot.event = Wakeup()
+        self._backoff.reset()
+        self.woken = True
+        return True
+
+    def listening(self) -> bool:
+        return self._listening()
 
     def wake(self) -> None:
         """Wake this waiter (whatever the others on its channel are doing)."""

@@ -283,7 +283,7 @@ class _Board(WakeupBoard):
         return super().wake_one(name)
 
 
-class _RedlockWaiter:
+class _RedlockWaiter(Waiter):
     """Sleeps until a release message, a random poll interval or the given timeout.
 
     After a split vote the owner pauses for a random time that wake-ups do not cut short
@@ -302,12 +302,14 @@ class _RedlockWaiter:
         #: waiter entered (see the Waiter protocol; the random polling covers the rest).
         self.listening_since: float | None = None
 
-    def _consume(self) -> None:
-        if self._slot.event.is_set():
-            self._slot.event = Wakeup()
-            self.woken = True
+    def _consume(self) -> bool:
+        if not self._slot.event.is_set():
+            return False
+        self._slot.event = Wakeup()
+        self.woken = True
+        return True
 
-    async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> bool:
         backend = self._backend
         slot = self._slot
         until = backend._not_before.get(self._key)
@@ -315,13 +317,12 @@ class _RedlockWaiter:
             pause = until - monotonic()
             if pause > 0:
                 await asyncio.sleep(pause if timeout is None else min(pause, timeout))
-                self._consume()
-                return
+                return self._consume()
         limit = backend._poll_interval()
         if timeout is not None:
             limit = min(limit, timeout)
         await slot.event.wait(limit)
-        self._consume()
+        return self._consume()
 
 
 class _Waiting:

@@ -16,7 +16,7 @@ import pytest
 import aiodlock
 import aiodlock.testing
 from aiodlock import BackendError
-from aiodlock.backends._base import Backend, Grant, Request
+from aiodlock.backends._base import Backend, Grant, Request, Waiter
 from aiodlock.backends.memory import MemoryBackend
 from tests.helpers import eventually
 
@@ -134,14 +134,15 @@ class ListeningWaiterMemory(LoopMemory):
         yield _SleepRecorder(self)
 
 
-class _SleepRecorder:
+class _SleepRecorder(Waiter):
     def __init__(self, backend: ListeningWaiterMemory) -> None:
         self.backend = backend
         self.listening_since = backend.listening_since
 
-    async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> bool:
         self.backend.events.append("sleep")
         await asyncio.sleep(0.02 if timeout is None else min(timeout, 0.02))
+        return False
 
 
 class OutageMemory(LoopMemory):

@@ -1,0 +1,262 @@
+"""Layer 2: a client's own waiters, and the hand-off of a lock between them.
+
+When a task of a client releases a name that another task of the SAME client waits for,
+the core decides what happens; a backend only offers the step it can do better:
+
+* **transfer** (:attr:`Capability.TRANSFER`): the backend releases a grant and grants the
+  name to a chosen local waiter in one round trip (:meth:`Backend.transfer`).  The core
+  picks the receiver (the oldest local waiter that is not busy with an attempt of its own),
+  delivers the grant to it without a second round trip, and settles whatever a hand-off left
+  behind when the receiver times out or is cancelled meanwhile;
+* **reservation**: after a plain release whose announcement will wake a local waiter, the
+  next attempt on the name is that waiter's for a short window, so that another local task
+  (typically the releasing task, asking again at once) does not barge past it.
+
+NOTE: every hand-off is local to one client: a lock never passes between clients without
+the server, and a fair request never takes part (its order is the server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from ._errors import BackendError
+from ._types import Busy, Capability, Grant, Request, Waiter
+from ._wakeup import Reservations
+
+if TYPE_CHECKING:
+    from .backends._base import Backend
+
+__all__ = ["Entry", "LocalWaiters"]
+
+log = logging.getLogger("aiodlock")
+
+
+class Entry:
+    """One waiting owner of this client (non-fair), while it is inside the wait."""
+
+    __slots__ = (
+        "attempting",
+        "closing",
+        "delivered",
+        "granted",
+        "request",
+        "transfer",
+        "uncertain",
+        "waiter",
+        "woken",
+    )
+
+    def __init__(self, request: Request, waiter: Waiter) -> None:
+        self.request = request
+        self.waiter = waiter
+        #: A release of this client is handing the name to this owner right now; set when
+        #: the answer is in.
+        self.transfer: asyncio.Event | None = None
+        #: The grant a hand-off delivered, until the owner's next attempt takes it.
+        self.delivered: Grant | None = None
+        #: A hand-off to this owner failed half-way: the server may have granted it.
+        self.uncertain = False
+        #: An attempt of this owner is on its way to the server.
+        self.attempting = False
+        #: An attempt of this owner (or a hand-off) granted the name.
+        self.granted = False
+        #: The owner is leaving the wait.
+        self.closing = False
+        #: A wake-up ended the owner's last sleep and its attempt is not made yet.
+        self.woken = False
+
+    def needs_settling(self) -> bool:
+        """Did a hand-off leave something that the leaving owner must give back?"""
+        return (
+            self.transfer is not None
+            or self.delivered is not None
+            or (self.uncertain and not self.granted)
+        )
+
+
+class LocalWaiters:
+    """The non-fair waiters of one client, by name then owner (oldest first)."""
+
+    __slots__ = ("_backend", "_names", "_patience", "reservations", "transfers")
+
+    def __init__(self, backend: Backend, *, window: float, patience: float) -> None:
+        self._backend = backend
+        self._names: dict[str, dict[str, Entry]] = {}
+        #: The next attempt on a name, reserved for the waiter a local release woke.
+        self.reservations = Reservations(window)
+        #: The backend can hand a lock over in one round trip.
+        self.transfers = bool(backend.capabilities & Capability.TRANSFER)
+        #: How long a leaving waiter waits for a hand-off's answer (it is bounded anyway).
+        self._patience = patience
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def waiting(self, name: str) -> int:
+        """How many owners of this client wait for ``name``."""
+        entries = self._names.get(name)
+        return len(entries) if entries else 0
+
+    def join(self, request: Request, waiter: Waiter) -> Entry:
+        entry = Entry(request, waiter)
+        entries = self._names.get(request.name)
+        if entries is None:
+            entries = self._names[request.name] = {}
+        entries[request.owner] = entry
+        return entry
+
+    def leave(self, entry: Entry) -> None:
+        entry.closing = True
+        name = entry.request.name
+        entries = self._names.get(name)
+        if entries is not None and entries.get(entry.request.owner) is entry:
+            del entries[entry.request.owner]
+            if not entries:
+                del self._names[name]
+
+    def receiver(self, name: str, releaser: str) -> Entry | None:
+        """The oldest waiter of ``name`` that may receive a hand-off now."""
+        entries = self._names.get(name)
+        if not entries:
+            return None
+        for owner, entry in entries.items():
+            if (
+                owner != releaser
+                and entry.transfer is None
+                and entry.delivered is None
+                and not entry.attempting
+                and not entry.closing
+            ):
+                return entry
+        return None
+
+    def hears_release(self, name: str) -> bool:
+        """Will the server's announcement of a release of ``name`` reach a waiter here?
+
+        NOTE: only when its subscription (watch...) is confirmed: before that the message is
+        lost, and reserving the next attempt for a waiter that is never woken would stall
+        every local task for the whole window.
+        """
+        entries = self._names.get(name)
+        return entries is not None and any(e.waiter.listening() for e in entries.values())
+
+    # -- releasing: hand over, or release and reserve ------------------------------------------
+
+    def start_release(self, grant: Grant, fair: bool) -> Awaitable[bool]:
+        """Release ``grant`` (begun now, see :meth:`Backend.start_release`), handing it to a
+        waiting owner of this client where the backend can; True: released."""
+        if fair or not self._names:
+            return self._backend.start_release(grant)
+        if self.transfers:
+            entry = self.receiver(grant.name, grant.owner)
+            if entry is not None:
+                return self._transfer(grant, entry)
+        return self._released(grant.name, self._backend.start_release(grant))
+
+    async def _released(self, name: str, pending: Awaitable[bool]) -> bool:
+        """A plain release's answer; reserves the next attempt for the local waiter that the
+        server's announcement will wake."""
+        released = await pending
+        if released and self.hears_release(name):
+            self.reservations.reserve(name)
+        return released
+
+    async def _transfer(self, grant: Grant, entry: Entry) -> bool:
+        """Release ``grant`` handing the name to ``entry`` in one round trip."""
+        done = entry.transfer = asyncio.Event()
+        try:
+            result = await self._backend.transfer(grant, entry.request)
+        except BaseException as exc:
+            # The step may or may not have happened: the waiter asks the server itself (an
+            # attempt by an owner that holds the lock gets it again), and if it leaves
+            # without a grant, settling compare-and-deletes by owner.
+            entry.uncertain = True
+            entry.transfer = None
+            done.set()
+            entry.waiter.wake()
+            if isinstance(exc, BackendError):
+                return await self._released(grant.name, self._backend.release(grant))
+            raise
+        if isinstance(result, Grant):
+            entry.delivered = result
+        entry.transfer = None
+        done.set()
+        if isinstance(result, Grant):
+            entry.waiter.wake()
+            return True
+        if result and self.hears_release(grant.name):
+            # Released without a hand-over (the protocol gave the turn to someone else).
+            self.reservations.reserve(grant.name)
+        return result
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    async def attempt(self, entry: Entry) -> Grant | Busy:
+        """One attempt of a waiting owner: a grant a hand-off delivered (no round trip),
+        Busy while the next attempt is reserved for another waiter, else the server's."""
+        request = entry.request
+        if entry.transfer is not None:
+            # A release of this client is handing the lock to this owner: its answer
+            # decides (asking the server meanwhile could take the same grant twice).
+            await entry.transfer.wait()
+        delivered = entry.delivered
+        if delivered is not None:
+            entry.delivered = None
+            entry.woken = False
+            entry.granted = True
+            return delivered
+        reservations = self.reservations
+        reserved = False
+        if reservations:
+            name = request.name
+            barred = reservations.bar(name, entry.woken)
+            if barred is not None:
+                # NOTE: a release of this client just woke one of its waiters: do not barge
+                # past it (the releasing task itself asking again, typically).
+                return Busy(barred)
+            reserved = entry.woken and name in reservations
+        entry.woken = False
+        # NOTE: no await since the check of entry.delivered: a release either handed over
+        # before (taken above) or sees this flag and picks another receiver.
+        entry.attempting = True
+        try:
+            result = await self._backend.try_acquire(request, will_wait=True)
+        finally:
+            entry.attempting = False
+            if reserved:
+                reservations.end(request.name)
+        if isinstance(result, Grant):
+            entry.granted = True
+        return result
+
+    async def settle(self, entry: Entry) -> None:
+        """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left
+        it.  Runs in the waiting owner's own task (shielded by the caller), so that owner
+        cannot meanwhile ask again."""
+        transfer = entry.transfer
+        if transfer is not None:
+            # (the releaser's round trip is bounded by op_timeout)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._patience):
+                    await transfer.wait()
+        delivered, entry.delivered = entry.delivered, None
+        try:
+            if delivered is not None:
+                # Never taken (the waiter timed out or was cancelled as it came): release
+                # it, which may hand it on to another waiter of this client.
+                await self.start_release(delivered, False)
+            elif entry.uncertain and not entry.granted:
+                # A hand-off failed half-way and may have granted: compare-and-delete.
+                await self._backend.abandon(entry.request)
+        except Exception:
+            log.warning(
+                "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
+                "server lets it expire with its lease",
+                entry.request.name,
+                exc_info=True,
+            )
