@@ -49,6 +49,10 @@ class Capability(enum.Flag):
     #: :meth:`Backend.transfer` releases a grant and grants the name to another owner in
     #: one round trip (the core hands a lock to a waiting task of the same client).
     TRANSFER = enum.auto()
+    #: An ``urgent`` request (see :class:`Request`) waits in a line on the server that
+    #: every attempt respects, so a busy process cannot starve the others; the core abandons
+    #: an urgent request that ends without a grant, as it does a fair one.
+    URGENT = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,6 +74,10 @@ class Request:
     #: Lease length in seconds (``watchdog_ttl`` for watchdog-renewed locks).
     ttl: float
     fair: bool = False
+    #: A non-fair waiter that has waited past the core's starvation bound (set by the core,
+    #: only for a backend with :attr:`Capability.URGENT`): it takes a place in the server's
+    #: line, and nobody barges past the line until it is served (Go's starvation mode).
+    urgent: bool = False
 
 
 @dataclasses.dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._errors import BackendError
-from ._types import Busy, Grant, Request, Waiter, monotonic
+from ._types import Busy, Capability, Grant, Request, Waiter, monotonic
 from ._wakeup import Backoff
 
 if TYPE_CHECKING:
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from .backends._base import Backend
 
 log = logging.getLogger("aiodlock")
+
+#: How long a non-fair waiter waits before its attempts are urgent (a backend with
+#: Capability.URGENT then lets nobody barge past it): long enough that the same-process
+#: hand-off keeps its speed, short enough that no process waits much longer than its turn.
+URGENT_AFTER = 0.01
 
 __all__ = ["acquire_loop"]
 
@@ -60,6 +65,12 @@ async def acquire_loop(
         if request.fair:
             await backend.abandon(request)
         return None
+    # (from when this owner has waited: the attempt the caller made, or now)
+    urgent_at = (
+        math.inf
+        if request.fair or not backend.capabilities & Capability.URGENT
+        else (monotonic() if first_sent is None else first_sent) + URGENT_AFTER
+    )
     granted: Grant | None = None
     try:
         context = backend.waiter(request)
@@ -74,6 +85,9 @@ async def acquire_loop(
             outage: _Outage | None = None
             while True:
                 if busy is None:
+                    if monotonic() >= urgent_at:
+                        request.urgent = True
+                        urgent_at = math.inf
                     # NOTE: the waiter is live here, so a release after this attempt wakes us.
                     try:
                         if entry is None:
@@ -101,10 +115,14 @@ async def acquire_loop(
                         granted = result
                         break
                     busy = result
-                remaining = math.inf if deadline is None else deadline - monotonic()
+                now = monotonic()
+                remaining = math.inf if deadline is None else deadline - now
                 if remaining <= 0:
                     break
-                woken = await waiter.wait(_sleep_for(busy, remaining))
+                # (an owner about to turn urgent wakes then: nobody may announce a release
+                # to it while the lock passes from task to task inside another process)
+                timeout = _sleep_for(busy, min(remaining, urgent_at - now))
+                woken = await waiter.wait(timeout)
                 if entry is not None:
                     entry.woken = woken
                 busy = None
@@ -118,9 +136,9 @@ async def acquire_loop(
         await context.__aexit__(None, None, None)
         return granted
     finally:
-        if not granted and request.fair:
-            # A fair backend keeps a queue entry between attempts: drop it (shielded, as
-            # this may run because the task was cancelled).
+        if not granted and (request.fair or request.urgent):
+            # A fair or urgent request keeps a place in line between attempts: drop it
+            # (shielded, as this may run because the task was cancelled).
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await backend.abandon(request)
