@@ -7,12 +7,11 @@
 
 from ._paths import escape_segment, unescape_segment
 from ._session import Disconnected
-from .backend import ZooKeeperBackend, ZooKeeperStats
+from .backend import ZooKeeperBackend
 
 __all__ = [
     "Disconnected",
     "ZooKeeperBackend",
-    "ZooKeeperStats",
     "escape_segment",
     "unescape_segment",
 ]

@@ -28,18 +28,17 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import enum
 import functools
 import logging
-import random
 import secrets as _secrets
-from collections.abc import Iterator, Sequence
-from typing import Any, Self
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 from aiozk import ACL, exc, protocol
 
 from ..._errors import BackendError, BackendTimeout, ConfigurationError, translating
+from ..._retry import Guaranteed, retrying
 from ..._types import LockStatus
 from ..._url import ParsedURL, take_float, take_str
 from .._base import (
@@ -52,7 +51,7 @@ from .._base import (
     Request,
     monotonic,
 )
-from ._paths import Child, basename, escape_segment, order, parse_chroot, unescape_segment
+from ._paths import basename, escape_segment, order, parse_chroot, unescape_segment
 from ._session import (
     EVENT_DATA_CHANGED,
     EVENT_DELETED,
@@ -63,9 +62,11 @@ from ._session import (
     WatchCallback,
 )
 
-__all__ = ["DEFAULT_PORT", "ZooKeeperBackend", "ZooKeeperStats"]
+__all__ = ["DEFAULT_PORT", "ZooKeeperBackend"]
 
 log = logging.getLogger("aiodlock.zookeeper")
+
+T = TypeVar("T")
 
 DEFAULT_PORT = 2181
 
@@ -88,24 +89,6 @@ MAX_PARENT_RETRIES = 10
 _EPHEMERAL_SEQUENTIAL = (
     protocol.CreateRequest.EPHEMERAL_FLAG | protocol.CreateRequest.SEQUENTIAL_FLAG
 )
-
-
-@dataclasses.dataclass
-class ZooKeeperStats:
-    """Counters of what the backend sent and received (for tests and benchmarks)."""
-
-    #: Lock nodes created.
-    creates: int = 0
-    #: Children listings of a lock node (one per create, plus one per re-check).
-    lists: int = 0
-    #: Predecessor watches that fired (the wake-ups of waiters).
-    wakeups: int = 0
-    #: Handoffs taken without listing again: the deleted predecessor was the holder.
-    fast_handoffs: int = 0
-    #: Searches for an own node after a create whose reply was lost.
-    protection_lookups: int = 0
-    #: Node deletions left to the background (the server could not confirm them in time).
-    deferred_deletes: int = 0
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -144,10 +127,21 @@ class _Attempt:
     had_doubt: bool = False
 
 
-class _Removal(enum.Enum):
-    DELETED = "deleted"
-    ABSENT = "absent"
-    SESSION_GONE = "session_gone"
+class _Raced(BackendError):
+    """The nodes changed under a look (a lock node reaped, a holder gone): look again."""
+
+
+class _LeftBehind(BackendTimeout):
+    """A node deletion not confirmed in time: the backend's clean-up goes on with it."""
+
+
+def _raced(error: BackendError) -> bool:
+    return isinstance(error, _Raced)
+
+
+def _reconnectable(error: BackendError) -> bool:
+    """The connection was lost: tried again once the session is connected again."""
+    return isinstance(error.__cause__, Disconnected)
 
 
 class ZooKeeperBackend(Backend):
@@ -207,7 +201,6 @@ class ZooKeeperBackend(Backend):
         self._secrets = (password,) if password else ()
         self._root = f"{chroot}/{escape_segment(config.namespace)}"
         self._locks = f"{self._root}/locks"
-        self.stats = ZooKeeperStats()
         self._session: Session | None = None
         self._on_lost: LostCallback | None = None
         #: Path -> grant, for every lease this backend holds.
@@ -215,8 +208,8 @@ class ZooKeeperBackend(Backend):
         #: (name, owner) -> the attempt, until it returns or is abandoned.
         self._attempts: dict[tuple[str, str], _Attempt] = {}
         self._active: set[_Attempt] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._deferred: set[tuple[str, str]] = set()
+        #: Node deletions that must happen (made again, for its session, by open()).
+        self._cleanup = Guaranteed("zookeeper: delete")
         #: Nodes of this backend's grants that ended lately (path -> None, oldest first).
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._closing = False
@@ -289,6 +282,7 @@ class ZooKeeperBackend(Backend):
             (exc.TimeoutError, exc.OperationTimeout),
             what=what,
             secrets=self._secrets,
+            transient=(Disconnected,),
         ):
             yield
 
@@ -303,16 +297,8 @@ class ZooKeeperBackend(Backend):
         async with asyncio.timeout(self.config.op_timeout):
             return await self._zk.call(*requests)
 
-    async def _one(self, request: Any) -> Any:
-        """One request; its refusal is raised."""
-        [result] = await self._rt(request)
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     async def _list(self, parent: str) -> list[str] | None:
         """The children of ``parent`` (None when it does not exist)."""
-        self.stats.lists += 1
         [result] = await self._rt(protocol.GetChildrenRequest(path=parent, watch=False))
         if isinstance(result, exc.NoNode):
             return None
@@ -320,11 +306,6 @@ class ZooKeeperBackend(Backend):
             raise result
         children: list[str] = result.children
         return children
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"aiodlock:zookeeper:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -339,6 +320,9 @@ class ZooKeeperBackend(Backend):
             auth=self._auth,
             on_event=self._on_session_event,
         )
+        self._cleanup = Guaranteed(
+            "zookeeper: delete", wait_ready=self._session.wait_connected, retry_if=_reconnectable
+        )
         with self._translate("connect"):
             await self._session.start()
         if self._session.timeout != self.requested_session_timeout:
@@ -352,12 +336,7 @@ class ZooKeeperBackend(Backend):
         if self._closing:
             return
         self._closing = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await self._cleanup.aclose()
         # A waiter may have been handed the lock while the client was closing.
         self._lose(list(self._grants.values()), "the client was closed while the lock was held")
         session, self._session = self._session, None
@@ -374,6 +353,8 @@ class ZooKeeperBackend(Backend):
     def _on_session_event(self, event: SessionEvent, session_id: int) -> None:
         if event is SessionEvent.SUSPENDED:
             return
+        if event in (SessionEvent.RESUMED, SessionEvent.NEW_SESSION):
+            self._cleanup.kick()  # deletions left to the background: the server is back
         if event in (SessionEvent.PRESUMED_EXPIRED, SessionEvent.EXPIRED):
             lost = [g for g in self._grants.values() if g.data.session_id == session_id]
             if event is SessionEvent.EXPIRED:
@@ -483,11 +464,11 @@ class ZooKeeperBackend(Backend):
         self._attempts[key] = attempt
         self._active.add(attempt)
         try:
-            with self._translate("acquire"):
-                if deadline is not None and monotonic() >= deadline:
+            if deadline is not None and monotonic() >= deadline:
+                with self._translate("acquire"):
                     grant = await self._try_once(attempt)
-                else:
-                    grant = await self._queue(attempt, deadline)
+            else:
+                grant = await self._wait_in_line(attempt, deadline)
         finally:
             self._active.discard(attempt)
             self._unwatch_own(attempt)
@@ -526,12 +507,35 @@ class ZooKeeperBackend(Backend):
         await self._give_up(attempt)
         return None
 
+    async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
+        """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
+        try:
+            return await retrying(
+                functools.partial(self._queue, attempt, deadline),
+                until=deadline,
+                limit=self.config.op_timeout,
+                wait_ready=self._zk.wait_connected,
+                retry_if=_reconnectable,
+                what="zookeeper: acquire",
+            )
+        except BackendError as error:
+            if not _reconnectable(error):
+                raise
+        with self._translate("acquire"):
+            if self._closing:
+                raise BackendError("zookeeper: the client was closed")
+            if deadline is not None and monotonic() >= deadline:
+                await self._give_up(attempt)
+                return None
+        raise BackendTimeout(
+            f"zookeeper: no connection to the servers for {self.config.op_timeout:g} s (op_timeout)"
+        )
+
     async def _queue(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """Take a place in the queue and wait for the predecessors to leave."""
-        zk = self._zk
-        while True:
-            attempt.event.clear()
-            try:
+        with self._translate("acquire"):
+            while True:
+                attempt.event.clear()
                 if attempt.in_doubt is not None:
                     await self._recover(attempt)
                 if attempt.path is None:
@@ -550,7 +554,7 @@ class ZooKeeperBackend(Backend):
                     # A create of this attempt whose reply was lost and that protection mode
                     # missed (the server applied it late): ahead of us it would block us
                     # for ever, behind us it would hold the lock once we leave.
-                    await self._delete_strays(attempt, strays)
+                    await self._delete_children(attempt.parent, [c.name for c in strays])
                     continue
                 if index == 0:
                     grant = self._grant(attempt)
@@ -565,57 +569,53 @@ class ZooKeeperBackend(Backend):
                     # The holder left and nobody can have come in between: no listing.
                     grant = self._grant(attempt)
                     if grant is not None:
-                        self.stats.fast_handoffs += 1
                         return grant
-            except Disconnected:
-                now = monotonic()
-                limit = now + self.config.op_timeout
-                until = limit if deadline is None else min(limit, max(deadline, now))
-                if not await zk.wait_connected(until):
-                    if self._closing:
-                        raise BackendError("zookeeper: the client was closed") from None
-                    if deadline is not None and monotonic() >= deadline:
-                        await self._give_up(attempt)
-                        return None
-                    raise BackendTimeout(
-                        f"zookeeper: no connection to the servers for "
-                        f"{self.config.op_timeout:g} s (op_timeout)"
-                    ) from None
 
     async def _create(self, attempt: _Attempt) -> list[str]:
-        """Create the attempt's node and list the queue, in one round trip."""
-        zk = self._zk
-        path = f"{attempt.parent}/{attempt.prefix}"
-        for _ in range(MAX_PARENT_RETRIES):
-            if not zk.connected:
-                raise Disconnected()
-            session_id = zk.session_id
-            attempt.in_doubt = session_id
-            created, listed = await self._rt(
-                protocol.Create2Request(
-                    path=path, data=b"", acl=self._acl, flags=_EPHEMERAL_SEQUENTIAL
-                ),
-                protocol.GetChildrenRequest(path=attempt.parent, watch=False),
-            )
-            attempt.in_doubt = None
-            if isinstance(created, exc.NoNode):
-                await self._make_parents(attempt.parent)
-                continue
-            if isinstance(created, Exception):
-                raise created
-            self.stats.creates += 1
-            self.stats.lists += 1
-            self._set_path(attempt, created.path)
-            attempt.czxid = created.stat.created_zxid
-            attempt.session_id = session_id
-            if isinstance(listed, Exception):
-                raise listed
-            children: list[str] = listed.children
-            return children
-        raise BackendError(
-            f"zookeeper: the lock node {attempt.parent!r} vanished {MAX_PARENT_RETRIES} times "
-            f"in a row while a node was created in it"
+        """Create the attempt's node and list the queue, in one round trip.
+
+        When the lock node is missing (new, or just reaped) it is made and the create is
+        sent again at once, up to MAX_PARENT_RETRIES times.
+        """
+        return await retrying(
+            functools.partial(self._create_once, attempt),
+            tries=MAX_PARENT_RETRIES,
+            first=0.0,
+            retry_if=_raced,
+            what="zookeeper: create",
         )
+
+    async def _create_once(self, attempt: _Attempt) -> list[str]:
+        zk = self._zk
+        if not zk.connected:
+            raise Disconnected()
+        session_id = zk.session_id
+        attempt.in_doubt = session_id
+        created, listed = await self._rt(
+            protocol.Create2Request(
+                path=f"{attempt.parent}/{attempt.prefix}",
+                data=b"",
+                acl=self._acl,
+                flags=_EPHEMERAL_SEQUENTIAL,
+            ),
+            protocol.GetChildrenRequest(path=attempt.parent, watch=False),
+        )
+        attempt.in_doubt = None
+        if isinstance(created, exc.NoNode):
+            await self._make_parents(attempt.parent)
+            raise _Raced(
+                f"zookeeper: the lock node {attempt.parent!r} vanished while a node was created "
+                f"in it (it was made again up to {MAX_PARENT_RETRIES} times)"
+            )
+        if isinstance(created, Exception):
+            raise created
+        self._set_path(attempt, created.path)
+        attempt.czxid = created.stat.created_zxid
+        attempt.session_id = session_id
+        if isinstance(listed, Exception):
+            raise listed
+        children: list[str] = listed.children
+        return children
 
     async def _make_parents(self, parent: str) -> None:
         """Create the lock node and the nodes above it (NodeExists is fine)."""
@@ -644,13 +644,11 @@ class ZooKeeperBackend(Backend):
         if session_id is None or session_id != self._zk.session_id:
             return  # nothing was in doubt, or the node died with its session
         attempt.had_doubt = True
-        self.stats.protection_lookups += 1
         children = await self._list(attempt.parent)
         mine = [c for c in order(children or ()) if c.name.startswith(attempt.prefix)]
         if not mine:
             return
-        if len(mine) > 1:
-            await self._delete_strays(attempt, mine[1:])
+        await self._delete_children(attempt.parent, [c.name for c in mine[1:]])
         path = f"{attempt.parent}/{mine[0].name}"
         [stat] = await self._rt(protocol.ExistsRequest(path=path, watch=False))
         if isinstance(stat, exc.NoNode):
@@ -660,14 +658,6 @@ class ZooKeeperBackend(Backend):
         self._set_path(attempt, path)
         attempt.czxid = stat.stat.created_zxid
         attempt.session_id = session_id
-
-    async def _delete_strays(self, attempt: _Attempt, strays: Sequence[Child]) -> None:
-        results = await self._rt(
-            *(protocol.DeleteRequest(path=f"{attempt.parent}/{c.name}", version=-1) for c in strays)
-        )
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
-                raise result
 
     async def _wait_for(
         self, attempt: _Attempt, predecessor: str, first_in_line: bool, deadline: float | None
@@ -681,13 +671,11 @@ class ZooKeeperBackend(Backend):
         higher sequence number than ours.  The watch on our own node (set here, in the
         same round trip) tells if our node went.
         """
-        fired = False
         deleted = False
         was_holder = first_in_line
 
         def on_event(event_type: int) -> None:
-            nonlocal fired, deleted, was_holder
-            fired = True
+            nonlocal deleted, was_holder
             if event_type == EVENT_DELETED:
                 deleted = True
                 was_holder = was_holder or predecessor in self._ended
@@ -728,8 +716,6 @@ class ZooKeeperBackend(Backend):
                             await attempt.event.wait()
         finally:
             zk.unwatch(predecessor, on_event)
-            if fired:
-                self.stats.wakeups += 1
         return deleted and was_holder and not attempt.own_gone
 
     def _grant(self, attempt: _Attempt) -> Grant | None:
@@ -751,133 +737,95 @@ class ZooKeeperBackend(Backend):
 
     async def _give_up(self, attempt: _Attempt) -> None:
         """Leave the queue (deadline, or a try-lock that found the lock taken)."""
+        with contextlib.suppress(_LeftBehind):  # then the background goes on until done
+            await self._leave(attempt, "acquire")
+
+    async def _leave(self, attempt: _Attempt, what: str) -> None:
+        """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
         path = attempt.path
         self._set_path(attempt, None)
         doubt, attempt.in_doubt = attempt.in_doubt, None
-        try:
-            if path is not None:
-                await self._remove(path, attempt.session_id, in_background_after=True)
-            elif doubt is not None:
-                await self._sweep(attempt.parent, attempt.prefix, doubt)
-        except BackendTimeout:
-            pass  # left to a background task, which goes on until it is done
+        if doubt is not None:
+            # A create went out and its reply never came: the node may exist.
+            await self._sweep(attempt.parent, attempt.prefix, doubt, what)
+        if path is not None:
+            await self._remove(path, attempt.session_id, what)
 
-    # -- removing nodes ---------------------------------------------------------------------
+    # -- removing nodes: now, else by the core's guaranteed clean-up -----------------------------
 
-    async def _remove(
-        self, path: str, session_id: int, *, in_background_after: bool
-    ) -> tuple[_Removal, bool]:
+    async def _remove(self, path: str, session_id: int, what: str) -> bool:
         """Delete ``path`` (a node of session ``session_id``) until it or its session is gone.
 
-        Returns the outcome and whether an earlier attempt may have done the deletion.
-        Retries through reconnections for ``op_timeout``; then (or if cancelled) leaves the
-        deletion to a background task, which goes on until the node or the session is gone
-        (a lock node left behind would block the lock until the session ends: pitfall 7),
-        and raises BackendTimeout.
+        Returns whether it was deleted by this call or an earlier unconfirmed try of it.
+        Tried through reconnections for ``op_timeout``; after that (or a cancellation) the
+        core's clean-up goes on in the background until the node or the session is gone (a
+        lock node left behind would block the lock until the session ends: pitfall 7), and
+        this raises BackendTimeout.
         """
+        action = self._deletion(path, session_id, what)
+        return await self._clean_up((path, ""), action, "delete a lock node")
+
+    def _deletion(self, path: str, session_id: int, what: str) -> Callable[[], Awaitable[bool]]:
         zk = self._zk
-        until = monotonic() + self.config.op_timeout
-        tried = False
-        done = False
-        try:
-            while True:
+        sent = False
+
+        async def delete() -> bool:
+            nonlocal sent
+            with self._translate(what):
                 if zk.session_id != session_id:
-                    done = True
-                    return _Removal.SESSION_GONE, tried
-                if zk.connected:
-                    try:
-                        [result] = await self._rt(protocol.DeleteRequest(path=path, version=-1))
-                    except Disconnected:
-                        tried = True
-                    else:
-                        done = True
-                        if isinstance(result, exc.NoNode):
-                            return _Removal.ABSENT, tried
-                        if isinstance(result, Exception):
-                            raise result
-                        return _Removal.DELETED, tried
-                if not await zk.wait_connected(until):
-                    raise BackendTimeout(
-                        f"zookeeper: could not delete a lock node within "
-                        f"{self.config.op_timeout:g} s; it is retried in the background "
-                        f"until it or its session is gone"
-                    )
-        finally:
-            if not done and in_background_after:
-                self._defer(path, None, session_id)
+                    return sent  # the node ended with its session
+                if not zk.connected:
+                    raise Disconnected()
+                try:
+                    [result] = await self._rt(protocol.DeleteRequest(path=path, version=-1))
+                except Disconnected:
+                    sent = True
+                    raise
+                if isinstance(result, exc.NoNode):
+                    # Already gone: it was ours only if an earlier, unconfirmed try deleted it.
+                    return sent
+                if isinstance(result, Exception):
+                    raise result
+                return True
 
-    async def _sweep(self, parent: str, prefix: str, session_id: int) -> None:
-        """Delete every child of ``parent`` whose name starts with ``prefix``."""
+        return delete
+
+    async def _sweep(self, parent: str, prefix: str, session_id: int, what: str) -> None:
+        """Delete every child of ``parent`` whose name starts with ``prefix`` (as _remove)."""
         zk = self._zk
-        until = monotonic() + self.config.op_timeout
-        done = False
-        try:
-            while zk.session_id == session_id:
-                if zk.connected:
-                    try:
-                        await self._sweep_once(parent, prefix)
-                    except Disconnected:
-                        pass
-                    else:
-                        break
-                if not await zk.wait_connected(until):
-                    raise BackendTimeout(
-                        f"zookeeper: could not clean up a lock attempt within "
-                        f"{self.config.op_timeout:g} s; it is retried in the background"
-                    )
-            done = True
-        finally:
-            if not done:
-                self._defer(parent, prefix, session_id)
 
-    async def _sweep_once(self, parent: str, prefix: str) -> None:
-        children = await self._list(parent)
-        doomed = [c for c in children or () if c.startswith(prefix)]
-        if not doomed:
+        async def sweep() -> None:
+            with self._translate(what):
+                if zk.session_id == session_id:
+                    children = await self._list(parent)
+                    await self._delete_children(
+                        parent, [c for c in children or () if c.startswith(prefix)]
+                    )
+
+        await self._clean_up((parent, prefix), sweep, "clean up a lock attempt")
+
+    async def _clean_up(
+        self, key: tuple[str, str], action: Callable[[], Awaitable[T]], what: str
+    ) -> T:
+        try:
+            return await self._cleanup.run(key, action, until=monotonic() + self.config.op_timeout)
+        except BackendError as error:
+            if not _reconnectable(error):
+                raise
+        raise _LeftBehind(
+            f"zookeeper: could not {what} within {self.config.op_timeout:g} s; it is retried "
+            f"in the background until it or its session is gone"
+        )
+
+    async def _delete_children(self, parent: str, names: Sequence[str]) -> None:
+        if not names:
             return
         results = await self._rt(
-            *(protocol.DeleteRequest(path=f"{parent}/{c}", version=-1) for c in doomed)
+            *(protocol.DeleteRequest(path=f"{parent}/{name}", version=-1) for name in names)
         )
         for result in results:
             if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
                 raise result
-
-    def _defer(self, path: str, prefix: str | None, session_id: int) -> None:
-        """Delete a node (or sweep a prefix) in the background, until done or moot."""
-        key = (path, prefix or "")
-        if self._closing or self._session is None or key in self._deferred:
-            return
-        self._deferred.add(key)
-        self.stats.deferred_deletes += 1
-        self._spawn(self._deferred_delete(key, path, prefix, session_id), f"delete:{path}")
-
-    async def _deferred_delete(
-        self, key: tuple[str, str], path: str, prefix: str | None, session_id: int
-    ) -> None:
-        delay = 0.05
-        try:
-            while not self._closing and self._session is not None:
-                zk = self._session
-                if zk.session_id != session_id or not await zk.wait_connected(None):
-                    return
-                if zk.session_id != session_id:
-                    return
-                try:
-                    if prefix is None:
-                        [result] = await self._rt(protocol.DeleteRequest(path=path, version=-1))
-                        if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
-                            raise result
-                    else:
-                        await self._sweep_once(path, prefix)
-                    return
-                except (Disconnected, TimeoutError):
-                    pass
-                except Exception:
-                    log.warning("zookeeper: could not delete %s", path, exc_info=True)
-                await asyncio.sleep(random.uniform(delay / 2, delay))
-                delay = min(delay * 2, 1.0)
-        finally:
-            self._deferred.discard(key)
 
     # -- release, renew, abandon ------------------------------------------------------------
 
@@ -890,20 +838,17 @@ class ZooKeeperBackend(Backend):
         if zk.presumed_dead:
             # The lease was already reported lost; do not hold the caller up while the
             # servers are unreachable: delete the node once (if ever) they answer again.
-            self._defer(node.path, None, node.session_id)
+            self._cleanup.later(
+                (node.path, ""), self._deletion(node.path, node.session_id, "release")
+            )
             return False
         with self._translate("release"):
-            outcome, tried = await self._remove(
-                node.path, node.session_id, in_background_after=True
-            )
+            deleted = await self._remove(node.path, node.session_id, "release")
             if node.sweep_prefix is not None:
                 parent = node.path.rpartition("/")[0]
-                with contextlib.suppress(BackendTimeout):  # then it goes on in the background
-                    await self._sweep(parent, node.sweep_prefix, node.session_id)
-        if outcome is _Removal.DELETED:
-            return True
-        # Already gone: it was ours only if an earlier, unconfirmed try deleted it.
-        return tried
+                with contextlib.suppress(_LeftBehind):  # then it goes on in the background
+                    await self._sweep(parent, node.sweep_prefix, node.session_id, "release")
+        return deleted
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """Check that each node still exists in this session (the session is the lease)."""
@@ -934,46 +879,45 @@ class ZooKeeperBackend(Backend):
         attempt = self._attempts.pop((request.name, request.owner), None)
         if self._closing or self._session is None:
             return  # closing the session deleted its nodes
-        parent = self.lock_path(request.name)
         with self._translate("abandon"):
-            if attempt is None:
-                zk = self._zk
-                await self._sweep(parent, f"{escape_segment(request.owner)}#", zk.session_id)
-                return
-            path = attempt.path
-            self._set_path(attempt, None)
-            if attempt.in_doubt is not None:
-                # A create went out and its reply never came: the node may exist.
-                await self._sweep(parent, attempt.prefix, attempt.in_doubt)
-            if path is not None:
-                await self._remove(path, attempt.session_id, in_background_after=True)
+            if attempt is not None:
+                await self._leave(attempt, "abandon")
+            else:
+                prefix = f"{escape_segment(request.owner)}#"
+                parent = self.lock_path(request.name)
+                await self._sweep(parent, prefix, self._zk.session_id, "abandon")
 
     # -- status, force_release ----------------------------------------------------------------
 
     async def status(self, name: str) -> LockStatus | None:
+        try:
+            return await retrying(
+                functools.partial(self._status_once, name),
+                tries=5,
+                first=0.0,
+                retry_if=_raced,
+                what="zookeeper: status",
+            )
+        except _Raced:
+            return None  # the holder changed under every look
+
+    async def _status_once(self, name: str) -> LockStatus | None:
         parent = self.lock_path(name)
         with self._translate("status"):
-            for _ in range(5):
-                children = await self._list(parent)
-                queue = order(children or ())
-                if not queue:
-                    return None
-                holder = queue[0]
-                [reply] = await self._rt(
-                    protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
-                )
-                if isinstance(reply, exc.NoNode):
-                    continue  # released meanwhile: look again
-                if isinstance(reply, Exception):
-                    raise reply
-                return LockStatus(
-                    name,
-                    unescape_segment(holder.owner),
-                    reply.stat.created_zxid,
-                    None,
-                    len(queue) - 1,
-                )
-        return None
+            queue = order(await self._list(parent) or ())
+            if not queue:
+                return None
+            holder = queue[0]
+            [reply] = await self._rt(
+                protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
+            )
+            if isinstance(reply, exc.NoNode):
+                raise _Raced("zookeeper: the holder left while status() looked")
+            if isinstance(reply, Exception):
+                raise reply
+            return LockStatus(
+                name, unescape_segment(holder.owner), reply.stat.created_zxid, None, len(queue) - 1
+            )
 
     async def force_release(self, name: str) -> bool:
         parent = self.lock_path(name)

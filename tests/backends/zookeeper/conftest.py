@@ -4,7 +4,10 @@
   in a fresh namespace per test, closed at teardown;
 * ``raw(hosts)``: a separate plain aiozk client, to look at the nodes directly;
 * ``fast_container_server``: a private standalone server whose container reaper runs every
-  100 ms (a JVM property, so it needs its own command line).
+  100 ms (a JVM property, so it needs its own command line);
+* ``logged_server``: a private standalone server that logs every request it processes
+  (session, type, path: :meth:`RequestLogZooKeeper.requests`), for tests that count what
+  a client sent.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tests.conftest import require_server
 from tests.helpers import open_clients
 from tests.servers import ZooKeeperServer
 
-from .zk_helpers import ClientFactory, RawFactory
+from .zk_helpers import ClientFactory, RawFactory, RequestLogZooKeeper
 
 pytestmark = pytest.mark.zookeeper
 
@@ -81,6 +84,16 @@ class FastContainerZooKeeper(ZooKeeperServer):
 def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
     require_server("zookeeper")
     server = FastContainerZooKeeper(tmp_path)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def logged_server(tmp_path: Path) -> Iterator[RequestLogZooKeeper]:
+    require_server("zookeeper")
+    server = RequestLogZooKeeper(tmp_path)
     try:
         yield server.start()
     finally:
