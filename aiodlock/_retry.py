@@ -138,7 +138,7 @@ class Guaranteed:
     if it has not succeeded by then, failed otherwise or was cancelled, the action is
     kept (:meth:`later`) and the error raised.  ONE background task runs what is kept:
     it waits until the backend is ready (``wait_ready``), runs every kept action once,
-    and after a failure pauses (capped, jittered: ``first``, ``cap``) or until
+    and after a failure pauses (capped, jittered: ``pauses`` is ``(first, cap)``) or until
     :meth:`kick`.  An action is dropped when it returns: one that finds nothing left to
     do (the session that owned the node is gone) returns too.  Failures that
     ``retry_if`` does not call transient are logged as warnings and tried again all the
@@ -152,14 +152,13 @@ class Guaranteed:
         *,
         wait_ready: ReadyWait | None = None,
         retry_if: RetryIf | None = None,
-        first: float = 0.05,
-        cap: float = 1.0,
+        pauses: tuple[float, float] = (0.05, 1.0),
     ) -> None:
         self.what = what
         self._wait_ready = wait_ready
         self._retry_if = retry_if or _transient
-        self._first = first
-        self._cap = cap
+        #: ``(first, cap)`` of the pauses after failures (see :class:`Pauses`).
+        self._first, self._cap = pauses
         self._pending: dict[Hashable, Callable[[], Awaitable[object]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -141,14 +141,21 @@ async def test_retry_if_picks_the_failures_that_are_tried_again() -> None:
     assert attempt.runs == 3
 
 
-async def test_wait_ready_replaces_the_pause() -> None:
-    attempt = Flaky(3)
-    ends: list[float | None] = []
+class Ready:
+    """A ``wait_ready`` that says ready at once and records the end it was given."""
 
-    async def ready(end: float | None) -> bool:
-        ends.append(end)
+    def __init__(self) -> None:
+        self.ends: list[float | None] = []
+
+    async def __call__(self, end: float | None) -> bool:
+        self.ends.append(end)
         return True
 
+
+async def test_wait_ready_replaces_the_pause() -> None:
+    attempt = Flaky(3)
+    ready = Ready()
+    ends = ready.ends
     began = time.monotonic()
     result = await retrying(attempt, until=began + 5, limit=1.0, wait_ready=ready, first=10.0)
     assert result == "done"
@@ -171,22 +178,16 @@ async def test_wait_ready_false_gives_up_with_the_last_error() -> None:
 
 
 async def test_wait_ready_without_limit_or_deadline_waits_without_end() -> None:
-    attempt = Flaky(1)
-    ends: list[float | None] = []
-
-    async def ready(end: float | None) -> bool:
-        ends.append(end)
-        return True
-
-    assert await retrying(attempt, wait_ready=ready) == "done"
-    assert ends == [None]
+    ready = Ready()
+    assert await retrying(Flaky(1), wait_ready=ready) == "done"
+    assert ready.ends == [None]
 
 
 # -- Guaranteed -------------------------------------------------------------------------------
 
 
 async def test_guaranteed_runs_an_action_now() -> None:
-    cleanup = Guaranteed(first=0.001)
+    cleanup = Guaranteed(pauses=(0.001, 1.0))
     attempt = Flaky(2)
     assert await cleanup.run("k", attempt, until=time.monotonic() + 5) == "done"
     assert attempt.runs == 3
@@ -195,7 +196,7 @@ async def test_guaranteed_runs_an_action_now() -> None:
 
 
 async def test_guaranteed_keeps_what_did_not_succeed_in_time_and_finishes_it() -> None:
-    cleanup = Guaranteed(first=0.01, cap=0.02)
+    cleanup = Guaranteed(pauses=(0.01, 0.02))
     attempt = Flaky(8)
     with pytest.raises(BackendError):
         await cleanup.run("node", attempt, until=time.monotonic() + 0.03)
@@ -209,7 +210,7 @@ async def test_guaranteed_keeps_what_did_not_succeed_in_time_and_finishes_it() -
 
 
 async def test_guaranteed_keeps_an_action_whose_caller_was_cancelled() -> None:
-    cleanup = Guaranteed(first=0.001)
+    cleanup = Guaranteed(pauses=(0.001, 1.0))
     started = asyncio.Event()
     release = asyncio.Event()
     runs = 0
@@ -235,7 +236,7 @@ async def test_guaranteed_keeps_an_action_whose_caller_was_cancelled() -> None:
 
 
 async def test_later_keeps_one_action_per_key() -> None:
-    cleanup = Guaranteed(first=0.001)
+    cleanup = Guaranteed(pauses=(0.001, 1.0))
     gate = asyncio.Event()
     calls: list[str] = []
 
@@ -255,7 +256,7 @@ async def test_later_keeps_one_action_per_key() -> None:
 
 
 async def test_kick_ends_the_pause_at_once() -> None:
-    cleanup = Guaranteed(first=30.0, cap=30.0)  # a pause that would outlast the test
+    cleanup = Guaranteed(pauses=(30.0, 30.0))  # a pause that would outlast the test
     attempt = Flaky(1)
     cleanup.later("k", attempt)
     async with asyncio.timeout(5):
@@ -280,7 +281,7 @@ async def test_background_waits_until_ready_and_stops_when_it_never_will_be() ->
         await ready.wait()
         return not closing
 
-    cleanup = Guaranteed(wait_ready=wait_ready, first=0.001)
+    cleanup = Guaranteed(wait_ready=wait_ready, pauses=(0.001, 1.0))
     attempt = Flaky(0)
     cleanup.later("k", attempt)
     await asyncio.sleep(0.05)
@@ -305,7 +306,7 @@ async def test_background_waits_until_ready_and_stops_when_it_never_will_be() ->
 async def test_failures_that_are_not_transient_are_logged_and_tried_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cleanup = Guaranteed("delete", first=0.001, cap=0.002)
+    cleanup = Guaranteed("delete", pauses=(0.001, 0.002))
     attempt = Flaky(2, error=BackendError)
     with caplog.at_level(logging.WARNING, logger="aiodlock"):
         cleanup.later("node", attempt)
@@ -320,7 +321,7 @@ async def test_failures_that_are_not_transient_are_logged_and_tried_again(
 
 
 async def test_aclose_drops_what_is_kept_and_ends_every_task() -> None:
-    cleanup = Guaranteed(first=30.0, cap=30.0)
+    cleanup = Guaranteed(pauses=(30.0, 30.0))
     attempt = Flaky(1000)
     cleanup.later("k", attempt)
     own = cleanup.spawn(asyncio.sleep(3600), "an owner's task")

@@ -242,23 +242,11 @@ class Session:
     """ONE ZooKeeper session over a succession of aiozk connections.
 
     aiozk 0.32 supplies the wire protocol, its exceptions and the connection; its
-    ``Session`` / ``ZKClient`` are not used because a lock service needs what they do not
-    do (each point was seen on this machine):
-
-    * they retry every request after a connection loss, so a lost ``create`` reply makes a
-      second lock node (the retry must be ours, with protection mode);
-    * a dead server is noticed by the next heartbeat only, up to a whole session timeout
-      later (the read loop ends silently on EOF and pending requests hang), and requests
-      that get no reply (a paused server) postpone the heartbeat for ever;
-    * nothing reports a lost session, and a session that could not be resumed within
-      one attempt is thrown away even when the server still has it;
-    * reconnecting waits 2, 4, 8 ... 60 s between rounds, and the ``srvr`` handshake with
-      a paused server has no timeout;
-    * ``create(container=True)`` sends opcode 15 with the container flag, which ZooKeeper
-      3.8 answers with a plain persistent node (a container needs opcode 19);
-    * its watch table keeps an entry for every path an event ever came for, and watches
-      set to see a deletion are not registered again after a reconnect;
-    * it has no call for ``addAuth`` (digest credentials).
+    ``Session`` / ``ZKClient`` are not used: a lock service needs what they do not do
+    (docs/backends/zookeeper.md, "Why not aiozk's session", lists it: resending a create
+    makes a second node, a dead or paused server is noticed late or never, a lost session
+    is not reported, reconnecting backs off to 60 s, containers and ``addAuth`` are
+    missing, watches set to see a deletion are lost on reconnection).
 
     This class connects to the hosts in random order, resumes the same session after a
     connection loss (the server decides whether it still exists), pings when idle for a

@@ -16,6 +16,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import aiozk
 import pytest
@@ -27,6 +28,8 @@ from tests.servers import ZooKeeperServer
 from .zk_helpers import ClientFactory, RawFactory, RequestLogZooKeeper
 
 pytestmark = pytest.mark.zookeeper
+
+Z = TypeVar("Z", bound=ZooKeeperServer)
 
 
 @pytest.fixture
@@ -80,24 +83,24 @@ class FastContainerZooKeeper(ZooKeeperServer):
         return command
 
 
-@pytest.fixture
-def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
-    require_server("zookeeper")
-    server = FastContainerZooKeeper(tmp_path)
+def _private(server: Z) -> Iterator[Z]:
+    """Start ``server`` for one test; close it afterwards."""
     try:
         yield server.start()
     finally:
         server.close()
+
+
+@pytest.fixture
+def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    require_server("zookeeper")
+    yield from _private(FastContainerZooKeeper(tmp_path))
 
 
 @pytest.fixture
 def logged_server(tmp_path: Path) -> Iterator[RequestLogZooKeeper]:
     require_server("zookeeper")
-    server = RequestLogZooKeeper(tmp_path)
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    yield from _private(RequestLogZooKeeper(tmp_path))
 
 
 @pytest.fixture

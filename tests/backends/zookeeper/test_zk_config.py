@@ -43,13 +43,13 @@ def test_session_timeout_follows_watchdog_ttl_unless_given() -> None:
 def test_digest_credentials_from_url_or_options_are_hidden() -> None:
     b = backend("zookeeper://alice:s3cr%40t@h1:2181/root")
     assert b.username == "alice"
-    assert b._auth == [("digest", b"alice:s3cr@t")]
+    assert b.auth == [("digest", b"alice:s3cr@t")]
     client = aiodlock.connect("zookeeper://alice:s3cr%40t@h1:2181/root")
     for text in (repr(client), repr(client.backend), client.backend.describe()):
         assert "s3cr" not in text
         assert "alice:***@" in text
     b = backend("zk://h", username="bob", password="pw")
-    assert b._auth == [("digest", b"bob:pw")]
+    assert b.auth == [("digest", b"bob:pw")]
     assert "pw" not in b.describe()
 
 
@@ -78,9 +78,9 @@ def test_bad_configuration(url: str, options: dict[str, object], match: str | No
 
 def test_acl_presets_and_custom_list() -> None:
     b = backend("zk://u:p@h", acl="creator_read")
-    assert b._acl == [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE]
+    assert b.acl == [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE]
     custom = [ACL.make("ip", "127.0.0.1", read=True, write=True, create=True)]
-    assert backend("zk://h", acl=custom)._acl == custom
+    assert backend("zk://h", acl=custom).acl == custom
     assert backend("zk://h", acl=custom).acl_name == "custom"
 
 

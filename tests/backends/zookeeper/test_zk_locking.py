@@ -433,7 +433,7 @@ async def test_protection_mode_finds_the_node_of_a_lost_create_reply(
     client = await make_client()
     zk = await raw(zookeeper_server.address)
     backend = backend_of(client)
-    session = backend._session
+    session = backend.session
     assert session is not None
     real_call = session.call
     dropped = False
