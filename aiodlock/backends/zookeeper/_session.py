@@ -22,6 +22,7 @@ from aiozk import exc, protocol
 from aiozk.connection import Connection
 
 from ..._types import monotonic
+from ..._wakeup import Backoff
 
 __all__ = [
     "EVENT_DATA_CHANGED",
@@ -411,14 +412,18 @@ class Session:
     # -- the session task ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        delay = 0.05
+        """Connect, serve the connection until it dies, again: the session's own loop.
+
+        Between rounds over the servers it pauses with the core's backoff (25 ms to 1 s,
+        jittered), so that a client never hammers servers that are all down.
+        """
+        backoff = Backoff(first=0.05, cap=1.0)
         while not self.closing:
             conn = await self._connect_any()
             if conn is None:
-                await asyncio.sleep(random.uniform(delay / 2, delay))
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(backoff.next())
                 continue
-            delay = 0.05
+            backoff.reset()
             await self._serve(conn)
 
     async def _connect_any(self) -> _Connection | None:
