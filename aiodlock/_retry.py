@@ -140,9 +140,9 @@ class Guaranteed:
     it waits until the backend is ready (``wait_ready``), runs every kept action once,
     and after a failure pauses (capped, jittered: ``pauses`` is ``(first, cap)``) or until
     :meth:`kick`.  An action is dropped when it returns: one that finds nothing left to
-    do (the session that owned the node is gone) returns too.  Failures that
-    ``retry_if`` does not call transient are logged as warnings and tried again all the
-    same (a clean-up is never given up while the owner lives).  :meth:`aclose` cancels
+    do (the session that owned the node is gone) returns too.  Other failures than
+    transient ones (or those ``retry_if`` picks) are logged as warnings and tried again
+    all the same (a clean-up is never given up while the owner lives).  :meth:`aclose` cancels
     the background task and every task started with :meth:`spawn`, and awaits them.
     """
 
@@ -260,7 +260,10 @@ class Guaranteed:
                 await action()
             except Exception as error:
                 ok = False
-                if not (isinstance(error, BackendError) and self._retry_if(error)):
+                expected = isinstance(error, BackendError) and (
+                    error.transient or self._retry_if(error)
+                )
+                if not expected:
                     log.warning(
                         "aiodlock: %s %r failed; trying again", self.what, key, exc_info=True
                     )

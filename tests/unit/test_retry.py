@@ -320,6 +320,23 @@ async def test_failures_that_are_not_transient_are_logged_and_tried_again(
     await cleanup.aclose()
 
 
+async def test_transient_failures_in_the_background_are_not_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # (retry_if picks no failure here: the foreground would raise at once, but the
+    # background tries again quietly after a transient one, e.g. a timeout)
+    cleanup = Guaranteed("delete", retry_if=lambda e: False, pauses=(0.001, 0.002))
+    attempt = Flaky(3, error=BackendTimeout)
+    with caplog.at_level(logging.WARNING, logger="aiodlock"):
+        cleanup.later("node", attempt)
+        async with asyncio.timeout(5):
+            while "node" in cleanup:
+                await asyncio.sleep(0.005)
+    assert attempt.runs == 4
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await cleanup.aclose()
+
+
 async def test_aclose_drops_what_is_kept_and_ends_every_task() -> None:
     cleanup = Guaranteed(pauses=(30.0, 30.0))
     attempt = Flaky(1000)
