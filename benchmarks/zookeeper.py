@@ -4,8 +4,9 @@ Uses the runner's adapter interface (:class:`benchmarks.adapters.Adapter`) and w
 (:func:`benchmarks.workloads.single` = A, :func:`benchmarks.workloads.contention` = B) with
 a fresh ZooKeeper on a free loopback port (``tests/servers.py``), plus one workload of its
 own, ``wakeups``: N clients (N sessions, like N processes) queue on one name and take
-turns; it counts, per handoff, the predecessor watches that fired, the re-listings, and
-the packets the server sent (``mntr``), to show that a release wakes one waiter whatever N.
+turns; it counts, per handoff and from the server's own counters (``mntr``), the waiters
+notified of a deleted node, the re-listings, and the packets the server sent, to show that
+a release wakes one waiter whatever N.
 
     python -m benchmarks.zookeeper                      # everything, server as in the tests
     python -m benchmarks.zookeeper --force-sync no      # server without fsync per write
@@ -175,12 +176,13 @@ async def wakeups(
 ) -> dict[str, Any]:
     """``waiters + 1`` clients (one session each, like processes) take turns on ``name``.
 
-    While one holds the lock, ``waiters`` wait.  Counted per handoff: predecessor
-    watches that fired (wake-ups), listings beyond the one that goes with each create
-    (re-listings), handoffs that needed no listing, and the packets the server sent.
+    While one holds the lock, ``waiters`` wait.  Counted per handoff, by the server
+    (``mntr``): the watchers notified of a deleted lock node beyond its owner, who watches
+    its own node (wake-ups); the reads in the namespace beyond the three of each queueing,
+    which are the listing that goes with its create and the watches on the predecessor and
+    on the own node (re-listings); the creates; the packets the server sent.
     """
     import aiodlock
-    from aiodlock.backends.zookeeper import ZooKeeperBackend
 
     clients = [aiodlock.connect(url, session_timeout=30) for _ in range(waiters + 1)]
     released = 0
@@ -196,14 +198,15 @@ async def wakeups(
     marks: dict[str, int] = {}
     snaps: dict[str, tuple[tuple[int, int, int, int], float]] = {}
     window_done = asyncio.Event()
+    namespace = clients[0].config.namespace
 
-    def counters() -> tuple[int, int, int, int]:
-        stats = [c.backend.stats for c in clients if isinstance(c.backend, ZooKeeperBackend)]
+    async def counters() -> tuple[int, int, int, int]:
+        values = await asyncio.to_thread(_mntr, address)
         return (
-            sum(s.wakeups for s in stats),
-            sum(s.lists for s in stats),
-            sum(s.creates for s in stats),
-            sum(s.fast_handoffs for s in stats),
+            values.get("zk_sum_node_deleted_watch_count", 0),
+            values.get("zk_cnt_node_deleted_watch_count", 0),
+            values.get(f"zk_cnt_{namespace}_read_per_namespace", 0),
+            values.get(f"zk_cnt_{namespace}_write_per_namespace", 0),
         )
 
     async def worker(index: int, client: aiodlock.Client) -> None:
@@ -217,7 +220,7 @@ async def wakeups(
                 entries += 1
                 for edge in ("start", "end"):
                     if marks.get(edge) == entries:
-                        snaps[edge] = (counters(), perf())
+                        snaps[edge] = (await counters(), perf())
                         if edge == "end":
                             window_done.set()
                 await asyncio.sleep(hold)
@@ -255,8 +258,8 @@ async def wakeups(
         for client in clients:
             with contextlib.suppress(Exception):
                 await client.close()
-    (w0, l0, c0, f0), t0 = snaps["start"]
-    (w1, l1, c1, f1), t1 = snaps["end"]
+    (notified0, deleted0, reads0, writes0), t0 = snaps["start"]
+    (notified1, deleted1, reads1, writes1), t1 = snaps["end"]
     n = releases  # the hand-offs between the two entries
     elapsed = t1 - t0
     server_n = max(server_r1 - server_r0, 1)  # (the server's counters are read from outside)
@@ -269,10 +272,11 @@ async def wakeups(
         "warmed_up": warmed,
         "releases": n,
         "seconds": round(elapsed, 3),
-        "wakeups_per_handoff": round((w1 - w0) / n, 3),
-        "relistings_per_handoff": round(((l1 - l0) - (c1 - c0)) / n, 3),
-        "creates_per_handoff": round((c1 - c0) / n, 3),
-        "handoffs_without_listing": round((f1 - f0) / n, 3),
+        # (every deleted node notifies its owner's watch on it; a waiter's watch beyond)
+        "wakeups_per_handoff": round(((notified1 - notified0) - (deleted1 - deleted0)) / n, 3),
+        # (writes: one create and one delete per hand-off; three reads per create)
+        "relistings_per_handoff": round(((reads1 - reads0) - 3 * (writes1 - writes0) / 2) / n, 3),
+        "creates_per_handoff": round((writes1 - writes0) / 2 / n, 3),
         "server_packets_sent_per_handoff": per("zk_packets_sent"),
         "server_packets_received_per_handoff": per("zk_packets_received"),
         "watches_on_server_after": after_server.get("zk_watch_count"),
@@ -516,14 +520,18 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
         wake = [r["wakeups_per_handoff"] for r in rows]
         lists = [r["relistings_per_handoff"] for r in rows]
         packets = [r["server_packets_sent_per_handoff"] for r in rows]
+        # (counted by the server, a wake-up can be missed, never invented: a holder that
+        # took the lock uncontended and left within OWN_WATCH_DELAY has no watch on its
+        # node, so the waiter it wakes is all its node notifies)
         ok = (
-            all(abs(w - 1) < 0.05 for w in wake)
+            all(w <= 1.05 for w in wake)
             and all(x <= 1.05 for x in lists)
             and max(packets) <= 1.25 * min(packets)
         )
         out.append(
             {
-                "goal": "one wake-up per handoff (and constant server packets) as waiters grow",
+                "goal": "at most one wake-up per handoff (and constant server packets) "
+                "as waiters grow",
                 "measured": ", ".join(
                     f"N={r['waiters']}: {r['wakeups_per_handoff']} wake-ups / "
                     f"{r['relistings_per_handoff']} re-listings / "
@@ -560,13 +568,13 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [
             "",
             "| waiting clients | wake-ups / handoff | re-listings / handoff "
-            "| handoffs without listing | server packets sent / handoff | violations |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| server packets sent / handoff | violations |",
+            "|---:|---:|---:|---:|---:|",
         ]
         for row in res["wakeups"]:
             lines.append(
                 f"| {row['waiters']} | {row['wakeups_per_handoff']} "
-                f"| {row['relistings_per_handoff']} | {row['handoffs_without_listing']} "
+                f"| {row['relistings_per_handoff']} "
                 f"| {row['server_packets_sent_per_handoff']} | {row['violations']} |"
             )
     lines += ["", "Targets:", ""]

@@ -4,7 +4,10 @@
   in a fresh namespace per test, closed at teardown;
 * ``raw(hosts)``: a separate plain aiozk client, to look at the nodes directly;
 * ``fast_container_server``: a private standalone server whose container reaper runs every
-  100 ms (a JVM property, so it needs its own command line).
+  100 ms (a JVM property, so it needs its own command line);
+* ``logged_server``: a private standalone server that logs every request it processes
+  (session, type, path: :meth:`RequestLogZooKeeper.requests`), for tests that count what
+  a client sent.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import aiozk
 import pytest
@@ -21,9 +25,11 @@ from tests.conftest import require_server
 from tests.helpers import open_clients
 from tests.servers import ZooKeeperServer
 
-from .zk_helpers import ClientFactory, RawFactory
+from .zk_helpers import ClientFactory, RawFactory, RequestLogZooKeeper
 
 pytestmark = pytest.mark.zookeeper
+
+Z = TypeVar("Z", bound=ZooKeeperServer)
 
 
 @pytest.fixture
@@ -77,14 +83,24 @@ class FastContainerZooKeeper(ZooKeeperServer):
         return command
 
 
-@pytest.fixture
-def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
-    require_server("zookeeper")
-    server = FastContainerZooKeeper(tmp_path)
+def _private(server: Z) -> Iterator[Z]:
+    """Start ``server`` for one test; close it afterwards."""
     try:
         yield server.start()
     finally:
         server.close()
+
+
+@pytest.fixture
+def fast_container_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    require_server("zookeeper")
+    yield from _private(FastContainerZooKeeper(tmp_path))
+
+
+@pytest.fixture
+def logged_server(tmp_path: Path) -> Iterator[RequestLogZooKeeper]:
+    require_server("zookeeper")
+    yield from _private(RequestLogZooKeeper(tmp_path))
 
 
 @pytest.fixture

@@ -6,13 +6,9 @@ import pytest
 from aiozk import ACL, protocol
 
 import aiodlock
-from aiodlock.backends.zookeeper import (
-    ZooKeeperBackend,
-    _order,
-    _parse_child,
-    escape_segment,
-    unescape_segment,
-)
+from aiodlock.backends.zookeeper import ZooKeeperBackend, escape_segment, unescape_segment
+from aiodlock.backends.zookeeper._paths import order as queue_order
+from aiodlock.backends.zookeeper._paths import parse_child
 
 
 def backend(url: str, **options: object) -> ZooKeeperBackend:
@@ -47,13 +43,13 @@ def test_session_timeout_follows_watchdog_ttl_unless_given() -> None:
 def test_digest_credentials_from_url_or_options_are_hidden() -> None:
     b = backend("zookeeper://alice:s3cr%40t@h1:2181/root")
     assert b.username == "alice"
-    assert b._auth == [("digest", b"alice:s3cr@t")]
+    assert b.auth == [("digest", b"alice:s3cr@t")]
     client = aiodlock.connect("zookeeper://alice:s3cr%40t@h1:2181/root")
     for text in (repr(client), repr(client.backend), client.backend.describe()):
         assert "s3cr" not in text
         assert "alice:***@" in text
     b = backend("zk://h", username="bob", password="pw")
-    assert b._auth == [("digest", b"bob:pw")]
+    assert b.auth == [("digest", b"bob:pw")]
     assert "pw" not in b.describe()
 
 
@@ -82,9 +78,9 @@ def test_bad_configuration(url: str, options: dict[str, object], match: str | No
 
 def test_acl_presets_and_custom_list() -> None:
     b = backend("zk://u:p@h", acl="creator_read")
-    assert b._acl == [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE]
+    assert b.acl == [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE]
     custom = [ACL.make("ip", "127.0.0.1", read=True, write=True, create=True)]
-    assert backend("zk://h", acl=custom)._acl == custom
+    assert backend("zk://h", acl=custom).acl == custom
     assert backend("zk://h", acl=custom).acl_name == "custom"
 
 
@@ -142,21 +138,21 @@ def child(owner: str, seq: int) -> str:
 
 def test_order_is_by_sequence_number_not_by_name() -> None:
     names = [child("zzz", 3), child("aaa", 10), child("mmm", 1), "foreign-node", "x#y#notnum"]
-    order = [c.name for c in _order(names)]
+    order = [c.name for c in queue_order(names)]
     assert order == [child("mmm", 1), child("zzz", 3), child("aaa", 10)]
 
 
 def test_order_survives_the_sequence_counter_wrapping() -> None:
     # ZooKeeper's counter is a signed 32-bit int: after 2**31-1 come negative numbers.
     names = [child("c", -2147483647), child("a", 2147483646), child("b", 2147483647)]
-    assert [unescape_segment(c.owner) for c in _order(names)] == ["a", "b", "c"]
+    assert [unescape_segment(c.owner) for c in queue_order(names)] == ["a", "b", "c"]
     names = [child("d", 1), child("b", -2), child("c", -1), child("a", -3)]
-    assert [unescape_segment(c.owner) for c in _order(names)] == ["a", "b", "c", "d"]
+    assert [unescape_segment(c.owner) for c in queue_order(names)] == ["a", "b", "c", "d"]
 
 
 def test_parse_child_keeps_the_escaped_owner() -> None:
-    parsed = _parse_child(child("host-1:7", 12))
+    parsed = parse_child(child("host-1:7", 12))
     assert parsed is not None
     assert unescape_segment(parsed.owner) == "host-1:7"
     assert parsed.seq == 12
-    assert _parse_child("plain") is None
+    assert parse_child("plain") is None

@@ -102,7 +102,7 @@ async def test_server_restart_within_the_session_timeout_keeps_the_lock(
     async with lock as lease:
         session_id = backend.session_id
         await asyncio.to_thread(server.restart)
-        await eventually(lambda: backend._session is not None and backend._session.connected)
+        await eventually(lambda: backend.session is not None and backend.session.connected)
         assert backend.session_id == session_id
         assert not lease.lost
         other = await make_client(server.url)
@@ -217,8 +217,8 @@ async def test_one_of_three_ensemble_members_killed_locking_continues(
     backend = backend_of(a)
     lock = a.lock("quorum")
     async with lock as lease:
-        assert backend._session is not None
-        conn = backend._session.conn
+        assert backend.session is not None
+        conn = backend.session.conn
         assert conn is not None
         victim = next(m for m in ensemble if m.port == conn.port)
         session_id = backend.session_id
@@ -240,5 +240,5 @@ async def test_one_of_three_ensemble_members_killed_locking_continues(
 
 
 def _connected_elsewhere(backend: Any, port: int) -> bool:
-    session = backend._session
+    session = backend.session
     return bool(session.connected and session.conn.port != port)

@@ -16,6 +16,7 @@ from .zk_helpers import (
     HANG,
     ClientFactory,
     RawFactory,
+    RequestLogZooKeeper,
     backend_of,
     children,
     eventually,
@@ -147,20 +148,32 @@ async def _length_is(client: aiodlock.Client, zk: Any, name: str, n: int) -> boo
 async def test_release_wakes_only_the_next_waiter(
     make_client: ClientFactory,
     raw: RawFactory,
-    zookeeper_server: ZooKeeperServer,
+    logged_server: RequestLogZooKeeper,
     separate: bool,
 ) -> None:
-    """Each handoff fires exactly one watch, and at most one listing: no herd."""
+    """Each handoff fires exactly one watch, and at most one listing: no herd.
+
+    Counted by the server: the requests of each session (its request log) and the
+    watchers it notified of deleted nodes (mntr).
+    """
     n = 12
-    holder = await make_client()
-    shared = await make_client()
-    waiters = [await make_client() for _ in range(n)] if separate else [shared] * n
-    backends = {id(c): backend_of(c) for c in [holder, *waiters]}.values()
-    zk = await raw(zookeeper_server.address)
+    server = logged_server
+    holder = await make_client(server.url)
+    shared = await make_client(server.url)
+    waiters = [await make_client(server.url) for _ in range(n)] if separate else [shared] * n
+    sessions = [backend_of(c).session_id for c in waiters]
+    parent = backend_of(holder).lock_path("herd")
+    zk = await raw(server.address)
 
-    def total(field: str) -> int:
-        return sum(getattr(b.stats, field) for b in backends)
+    def sent(kind: str) -> list[int]:
+        """The waiters' creates, or listings of the lock: the session of each, in order."""
+        return [
+            r.session
+            for r in server.requests(set(sessions))
+            if r.kind == kind and (kind == "create2" or r.path == parent)
+        ]
 
+    # (the holder's own acquire is not counted: it made the lock's parent nodes too)
     await holder.lock("herd").acquire()
     order: list[int] = []
 
@@ -173,22 +186,28 @@ async def test_release_wakes_only_the_next_waiter(
     for i in range(n):
         tasks.append(asyncio.create_task(wait(i)))
         await eventually(lambda n=i + 2: _length_is(holder, zk, "herd", n))
-    await eventually(lambda: total("creates") == n + 1)  # every reply processed
-    lists, wakeups, fast = total("lists"), total("wakeups"), total("fast_handoffs")
-    assert lists == n + 1  # one create+list round trip each, nothing more
+    await eventually(lambda: len(sent("create2")) == n and len(sent("getChildren")) >= n)
+    lists = len(sent("getChildren"))
+    assert lists == n  # one create+list round trip each, nothing more
+    notified = server.watch_notifications()
     await holder.lock("herd").release()
     async with asyncio.timeout(HANG):
         await asyncio.gather(*tasks)
     assert order == list(range(n))
-    assert total("wakeups") - wakeups == n  # one wake-up per handoff
-    assert total("creates") == n + 1
-    relists = total("lists") - lists
+    # One wake-up per handoff: a deleted node notifies its owner's own watch on it and
+    # the next waiter's watch, nobody else (n + 1 nodes deleted, n handoffs).  With one
+    # client for all waiters, a waiter's node and the next waiter are one session.
+    notified = server.watch_notifications() - notified
+    assert notified == ((n + 1) + n if separate else 2 + n)
+    assert len(sent("create2")) == n
+    relisted = sent("getChildren")[lists:]
     if separate:
-        # The first waiter was right behind the holder; every later one lists once.
-        assert (relists, total("fast_handoffs") - fast) == (n - 1, 1)
+        # The first waiter was right behind the holder; every later one lists once: n - 1
+        # listings, and one handoff (the first waiter's) without a listing.
+        assert sorted(relisted) == sorted(sessions[1:])
     else:
         # One client knows its own predecessors were holders: no listing at all.
-        assert (relists, total("fast_handoffs") - fast) == (0, n)
+        assert relisted == []
 
 
 async def test_try_lock_on_a_taken_lock_creates_nothing(
@@ -198,15 +217,23 @@ async def test_try_lock_on_a_taken_lock_creates_nothing(
     b = await make_client()
     zk = await raw(zookeeper_server.address)
     await a.lock("try").acquire()
-    creates = backend_of(b).stats.creates
+    parent = backend_of(a).lock_path("try")
+    creates = await _child_changes(zk, parent)
     for _ in range(5):
         assert await b.lock("try").try_acquire() is None
-    assert backend_of(b).stats.creates == creates
+    assert await _child_changes(zk, parent) == creates
     assert await queue_length(a, zk, "try") == 1
     await a.lock("try").release()
     lease = await b.lock("try").try_acquire()
     assert lease is not None
     await b.lock("try").release()
+
+
+async def _child_changes(zk: Any, path: str) -> int:
+    """The node's cversion: the server counts every create and delete of a child."""
+    _, stat = await zk.get(path)
+    version: int = stat.child_version
+    return version
 
 
 async def test_timeout_leaves_no_node(
@@ -248,13 +275,13 @@ async def test_cancel_while_creating_or_waiting_leaves_no_node(
 
 
 async def test_cancel_while_the_create_is_in_flight(
-    zookeeper_factory: Any,
+    logged_server: RequestLogZooKeeper,
     make_client: ClientFactory,
     raw: RawFactory,
 ) -> None:
     """The server is paused with the create on the wire; the task is cancelled; the server
     then applies the create: abandon() still finds the node and deletes it."""
-    server = zookeeper_factory()
+    server = logged_server
     client = await make_client(server.url, session_timeout=10, op_timeout=10)
     backend = backend_of(client)
     server.pause()
@@ -269,7 +296,10 @@ async def test_cancel_while_the_create_is_in_flight(
         await task
     zk = await raw(server.address)
     assert await children(zk, backend.lock_path("inflight")) == []
-    assert backend.stats.creates == 0  # its reply never reached the attempt
+    # its reply never reached the attempt: the session's one create is the one in flight
+    # (the first create of a new lock fails, and then the attempt makes the lock node)
+    sent = server.requests({backend.session_id})
+    assert [r.kind for r in sent if r.kind in ("create2", "createContainer")] == ["create2"]
     async with client.lock("inflight"):
         pass
 
@@ -403,13 +433,14 @@ async def test_protection_mode_finds_the_node_of_a_lost_create_reply(
     client = await make_client()
     zk = await raw(zookeeper_server.address)
     backend = backend_of(client)
-    session = backend._session
+    session = backend.session
     assert session is not None
     real_call = session.call
     dropped = False
+    lookups = 0
 
     async def call(*requests: Any) -> list[Any]:
-        nonlocal dropped
+        nonlocal dropped, lookups
         if not dropped and any(isinstance(r, protocol.Create2Request) for r in requests):
             dropped = True
             futures = session._send(*requests)  # the create goes out...
@@ -417,6 +448,8 @@ async def test_protection_mode_finds_the_node_of_a_lost_create_reply(
             session.conn.kill()  # ...and the connection dies before the reply
             await asyncio.gather(*futures, return_exceptions=True)
             raise Disconnected()
+        if dropped and [type(r) for r in requests] == [protocol.GetChildrenRequest]:
+            lookups += 1  # a listing on its own (a create goes with its listing)
         return await real_call(*requests)
 
     session.call = call  # type: ignore[method-assign]
@@ -425,7 +458,7 @@ async def test_protection_mode_finds_the_node_of_a_lost_create_reply(
         lease = await client.lock("prot").acquire()
     assert dropped
     assert backend.session_id == session_id  # same session, resumed
-    assert backend.stats.protection_lookups == 1
+    assert lookups == 1  # the protection-mode lookup for the node of the lost reply
     parent = backend.lock_path("prot")
     [name] = await children(zk, parent)  # one node, not two
     _, stat = await zk.get(f"{parent}/{name}")

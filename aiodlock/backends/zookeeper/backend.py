@@ -1,0 +1,615 @@
+"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): ephemeral sequential nodes.
+
+The algorithm of Curator's InterProcessMutex / kazoo's Lock (docs/backends/zookeeper.md):
+a lock ``name`` is the container node ``{chroot}/{namespace}/locks/{escaped name}``; each
+acquire creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`` and lists
+the children in the same round trip; the lowest child holds the lock, every other one
+watches its immediate predecessor only (no herd).  The owner and attempt in the name find
+a node whose create reply was lost (protection mode) or abandoned.  The fencing token is
+the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`), whose
+losses are reported through the core's callback (:mod:`._holds`).  Requests on nodes and
+the deletions that must happen are in :mod:`._nodes`; retries are the core's (``_retry``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import secrets as _secrets
+from collections.abc import Sequence
+from typing import Any, Self
+
+from aiozk import exc, protocol
+
+from ..._errors import BackendError, BackendTimeout
+from ..._retry import retrying
+from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
+from ..._url import ParsedURL
+from .._base import Backend, CommonConfig, LostCallback
+from ._holds import Holds, Node
+from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
+from ._options import DEFAULT_PORT, acl_for, describe, digest_auth
+from ._options import from_url as options_from_url
+from ._paths import basename, escape_segment, order, unescape_segment
+from ._session import (
+    EVENT_DELETED,
+    Disconnected,
+    Session,
+    SessionEvent,
+    WatchCallback,
+)
+
+__all__ = ["ZooKeeperBackend"]
+
+log = logging.getLogger("aiodlock.zookeeper")
+
+#: How often a create may find its lock node gone (deleted by the container reaper just
+#: after it was made again) before giving up.
+MAX_PARENT_RETRIES = 10
+_EPHEMERAL_SEQUENTIAL = (
+    protocol.CreateRequest.EPHEMERAL_FLAG | protocol.CreateRequest.SEQUENTIAL_FLAG
+)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Attempt:
+    """One acquire in progress."""
+
+    request: Request
+    parent: str
+    prefix: str  # the node name up to the sequence number: "{owner}#{attempt}#"
+    event: asyncio.Event
+    path: str | None = None
+    czxid: int = 0
+    session_id: int = 0
+    #: The session a create was sent on whose reply was lost (protection mode).
+    in_doubt: int | None = None
+    #: The local callback of the watch on the attempt's own node while it waits.
+    own_cb: WatchCallback | None = None
+    #: The server-side watch on the own node is set (and has not fired).
+    own_armed: bool = False
+    #: The own node was deleted (by someone else, or with the session).
+    own_gone: bool = False
+    #: A create of this attempt had a lost reply (its node may turn up late).
+    had_doubt: bool = False
+
+
+class ZooKeeperBackend(Backend):
+    """Locks as ephemeral sequential nodes, one ZooKeeper session per client."""
+
+    backend_name = "zookeeper"
+    capabilities = (
+        Capability.FAIR
+        | Capability.ALWAYS_FAIR
+        | Capability.FENCING
+        | Capability.SESSION_LEASE
+        | Capability.CROSS_PROCESS
+    )
+
+    def __init__(
+        self,
+        config: CommonConfig,
+        *,
+        hosts: Sequence[tuple[str, int]] = (("127.0.0.1", DEFAULT_PORT),),
+        chroot: str = "",
+        session_timeout: float | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        acl: str | Sequence[Any] = "open",
+        scheme: str = "zookeeper",
+    ) -> None:
+        self.config = config
+        self.hosts = list(hosts)
+        self.chroot = chroot
+        #: The session timeout asked for (the server may negotiate another one).
+        self.requested_session_timeout = (
+            session_timeout if session_timeout is not None else config.watchdog_ttl
+        )
+        self.username = username
+        self._scheme = scheme
+        #: The ACL of the nodes this client creates: a preset's name, or "custom".
+        self.acl_name, self.acl = acl_for(acl, username)
+        #: The ``addAuth`` credentials sent on every connection.
+        self.auth = digest_auth(username, password)
+        self._secrets = (password,) if password else ()
+        self._root = f"{chroot}/{escape_segment(config.namespace)}"
+        self._locks = f"{self._root}/locks"
+        self._session: Session | None = None
+        self._nodes: Nodes | None = None
+        #: The leases held, each with its node and the holder's watch on it.
+        self._holds = Holds()
+        #: (name, owner) -> the attempt, until it returns or is abandoned.
+        self._attempts: dict[tuple[str, str], _Attempt] = {}
+        self._active: set[_Attempt] = set()
+        self._closing = False
+
+    # -- configuration -------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(config, **options_from_url(url, config, options))
+
+    def describe(self) -> str:
+        return describe(self._scheme, self.username, self.hosts, self.chroot)
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout in force (negotiated with the server once connected)."""
+        if self._session is not None and self._session.session_id:
+            return self._session.timeout
+        return self.requested_session_timeout
+
+    @property
+    def session(self) -> Session | None:
+        """The ZooKeeper session (None while the backend is not open)."""
+        return self._session
+
+    @property
+    def session_id(self) -> int:
+        """The current ZooKeeper session id (0 when there is none)."""
+        return self._session.session_id if self._session is not None else 0
+
+    def lock_path(self, name: str) -> str:
+        """The ZooKeeper node of the lock ``name`` (its children are the queue)."""
+        return f"{self._locks}/{escape_segment(name)}"
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return translate(what, self._secrets)
+
+    @property
+    def _io(self) -> Nodes:
+        if self._nodes is None or self._closing:
+            raise BackendError("zookeeper: the client is not open (or was closed)")
+        return self._nodes
+
+    @property
+    def _zk(self) -> Session:
+        return self._io.session
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._holds.on_lost = on_lost
+        self._closing = False
+        self._session = Session(
+            self.hosts,
+            timeout=self.requested_session_timeout,
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            auth=self.auth,
+            on_event=self._on_session_event,
+        )
+        self._holds.session = self._session
+        self._nodes = Nodes(
+            self._session,
+            self._locks,
+            acl=self.acl,
+            op_timeout=self.config.op_timeout,
+            secrets=self._secrets,
+        )
+        with self._translate("connect"):
+            await self._session.start()
+        if self._session.timeout != self.requested_session_timeout:
+            log.info(
+                "zookeeper: the server set the session timeout to %g s (asked for %g s)",
+                self._session.timeout,
+                self.requested_session_timeout,
+            )
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._nodes is not None:
+            await self._nodes.aclose()
+        # A waiter may have been handed the lock while the client was closing.
+        self._holds.lose(self._holds.of_session(), "the client was closed while the lock was held")
+        session, self._session = self._session, None
+        self._holds.session = None
+        if session is not None:
+            # Closing the session deletes every node it still has, at once.
+            await session.close(self.config.op_timeout)
+        self._holds.clear()
+        self._attempts.clear()
+        for attempt in self._active:
+            attempt.event.set()
+
+    # -- session events -------------------------------------------------------------------
+
+    def _on_session_event(self, event: SessionEvent, session_id: int) -> None:
+        if event is SessionEvent.SUSPENDED:
+            return
+        if self._nodes is not None and event in (SessionEvent.RESUMED, SessionEvent.NEW_SESSION):
+            self._nodes.cleanup.kick()  # deletions left to the background: go on now
+        if event in (SessionEvent.PRESUMED_EXPIRED, SessionEvent.EXPIRED):
+            lost = self._holds.of_session(session_id)
+            if event is SessionEvent.EXPIRED:
+                reason = "the ZooKeeper session expired (its lock nodes were deleted)"
+            else:
+                timeout = self._session.timeout if self._session is not None else 0.0
+                reason = (
+                    f"no contact with ZooKeeper for the session timeout ({timeout:g} s): "
+                    f"the session, and the lock with it, may have expired"
+                )
+            self._holds.lose(lost, reason)
+        # Waiters check their place again (their nodes or watches may be gone).
+        for attempt in self._active:
+            attempt.event.set()
+
+    # -- acquire ----------------------------------------------------------------------------
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        grant = await self.acquire(request, monotonic())
+        return grant if grant is not None else Busy(None)
+
+    async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        key = (request.name, request.owner)
+        attempt = _Attempt(
+            request,
+            self.lock_path(request.name),
+            f"{escape_segment(request.owner)}#{_secrets.token_hex(4)}#",
+            asyncio.Event(),
+        )
+        # NOTE: kept until the attempt returns; after an exception the core calls
+        # abandon(), which needs it to find the node.
+        self._attempts[key] = attempt
+        self._active.add(attempt)
+        try:
+            if deadline is not None and monotonic() >= deadline:
+                with self._translate("acquire"):
+                    grant = await self._try_once(attempt)
+            else:
+                grant = await self._wait_in_line(attempt, deadline)
+        finally:
+            self._active.discard(attempt)
+            self._unwatch_own(attempt)
+        if self._attempts.get(key) is attempt:
+            del self._attempts[key]
+        return grant
+
+    def _set_path(self, attempt: _Attempt, path: str | None) -> None:
+        """Point the attempt at another node (or none), dropping the old node's watch."""
+        self._unwatch_own(attempt)
+        attempt.path = path
+        attempt.own_armed = attempt.own_gone = False
+
+    def _unwatch_own(self, attempt: _Attempt) -> None:
+        if attempt.own_cb is not None and attempt.path is not None and self._session is not None:
+            self._session.unwatch(attempt.path, attempt.own_cb)
+        attempt.own_cb = None
+
+    @staticmethod
+    def _own_event_while_waiting(attempt: _Attempt, event_type: int) -> None:
+        attempt.own_armed = False  # a watch fires once
+        if event_type == EVENT_DELETED:
+            attempt.own_gone = True
+        attempt.event.set()
+
+    async def _try_once(self, attempt: _Attempt) -> Grant | None:
+        """One attempt that never queues: look first, create only when the lock is free."""
+        children = await self._io.children(attempt.parent)
+        if children and order(children):
+            return None
+        queue = order(await self._create(attempt))
+        if queue and attempt.path is not None and queue[0].name == basename(attempt.path):
+            grant = self._grant(attempt)
+            if grant is not None:
+                return grant
+        await self._give_up(attempt)
+        return None
+
+    async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
+        """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
+        try:
+            return await retrying(
+                functools.partial(self._queue, attempt, deadline),
+                until=deadline,
+                limit=self.config.op_timeout,
+                wait_ready=self._zk.wait_connected,
+                retry_if=reconnectable,
+                what="zookeeper: acquire",
+            )
+        except BackendError as error:
+            if not reconnectable(error):
+                raise
+        with self._translate("acquire"):
+            if self._closing:
+                raise BackendError("zookeeper: the client was closed")
+            if deadline is not None and monotonic() >= deadline:
+                await self._give_up(attempt)
+                return None
+        raise BackendTimeout(
+            f"zookeeper: no connection to the servers for {self.config.op_timeout:g} s (op_timeout)"
+        )
+
+    async def _queue(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
+        """Take a place in the queue and wait for the predecessors to leave."""
+        with self._translate("acquire"):
+            while True:
+                attempt.event.clear()
+                if attempt.in_doubt is not None:
+                    await self._recover(attempt)
+                if attempt.path is None:
+                    children: list[str] | None = await self._create(attempt)
+                else:
+                    children = await self._io.children(attempt.parent)
+                queue = order(children or ())
+                mine = basename(attempt.path) if attempt.path is not None else None
+                index = next((i for i, c in enumerate(queue) if c.name == mine), None)
+                if index is None:
+                    # Our node is gone: its session ended, or someone deleted it.
+                    self._set_path(attempt, None)
+                    continue
+                strays = [c for c in queue if c.name != mine and c.name.startswith(attempt.prefix)]
+                if strays:
+                    # A create of this attempt whose reply was lost and that protection mode
+                    # missed (the server applied it late): ahead of us it would block us
+                    # for ever, behind us it would hold the lock once we leave.
+                    await self._io.delete_children(attempt.parent, [c.name for c in strays])
+                    continue
+                if index == 0:
+                    grant = self._grant(attempt)
+                    if grant is not None:
+                        return grant
+                    continue
+                if deadline is not None and monotonic() >= deadline:
+                    await self._give_up(attempt)
+                    return None
+                predecessor = f"{attempt.parent}/{queue[index - 1].name}"
+                if await self._wait_for(attempt, predecessor, index == 1, deadline):
+                    # The holder left and nobody can have come in between: no listing.
+                    grant = self._grant(attempt)
+                    if grant is not None:
+                        return grant
+
+    async def _create(self, attempt: _Attempt) -> list[str]:
+        """Create the attempt's node and list the queue, in one round trip.
+
+        When the lock node is missing (new, or just reaped) it is made and the create is
+        sent again at once, up to MAX_PARENT_RETRIES times.
+        """
+        return await retrying(
+            functools.partial(self._create_once, attempt),
+            tries=MAX_PARENT_RETRIES,
+            first=0.0,
+            retry_if=raced,
+            what="zookeeper: create",
+        )
+
+    async def _create_once(self, attempt: _Attempt) -> list[str]:
+        zk = self._zk
+        if not zk.connected:
+            raise Disconnected()
+        session_id = zk.session_id
+        attempt.in_doubt = session_id
+        created, listed = await self._io.call(
+            protocol.Create2Request(
+                path=f"{attempt.parent}/{attempt.prefix}",
+                data=b"",
+                acl=self.acl,
+                flags=_EPHEMERAL_SEQUENTIAL,
+            ),
+            protocol.GetChildrenRequest(path=attempt.parent, watch=False),
+        )
+        attempt.in_doubt = None
+        if isinstance(created, exc.NoNode):
+            await self._io.make_parents(attempt.parent)
+            raise Raced(
+                f"zookeeper: the lock node {attempt.parent!r} vanished while a node was created "
+                f"in it (it was made again up to {MAX_PARENT_RETRIES} times)"
+            )
+        if isinstance(created, Exception):
+            raise created
+        self._set_path(attempt, created.path)
+        attempt.czxid = created.stat.created_zxid
+        attempt.session_id = session_id
+        if isinstance(listed, Exception):
+            raise listed
+        children: list[str] = listed.children
+        return children
+
+    async def _recover(self, attempt: _Attempt) -> None:
+        """Protection mode: after a lost create reply, find the node it may have made."""
+        session_id, attempt.in_doubt = attempt.in_doubt, None
+        if session_id is None or session_id != self._zk.session_id:
+            return  # nothing was in doubt, or the node died with its session
+        attempt.had_doubt = True
+        children = await self._io.children(attempt.parent)
+        mine = [c for c in order(children or ()) if c.name.startswith(attempt.prefix)]
+        if not mine:
+            return
+        await self._io.delete_children(attempt.parent, [c.name for c in mine[1:]])
+        path = f"{attempt.parent}/{mine[0].name}"
+        [stat] = await self._io.call(protocol.ExistsRequest(path=path, watch=False))
+        if found(stat) is None:
+            return
+        self._set_path(attempt, path)
+        attempt.czxid = stat.stat.created_zxid
+        attempt.session_id = session_id
+
+    async def _wait_for(
+        self, attempt: _Attempt, predecessor: str, first_in_line: bool, deadline: float | None
+    ) -> bool:
+        """Sleep until ``predecessor`` changes, our node or the session does, or ``deadline``.
+
+        Returns True when the lock is ours without listing again: the deleted predecessor
+        was the holder, because it was first in our listing (``first_in_line``) or was a
+        grant of this backend (then it was the lowest node: nothing below it can come
+        back).  Nobody can have come in between: a node created after our listing has a
+        higher sequence number than ours.  The watch on our own node (set here, in the
+        same round trip) tells if our node went.
+        """
+        deleted = False
+        was_holder = first_in_line
+
+        def on_event(event_type: int) -> None:
+            nonlocal deleted, was_holder
+            if event_type == EVENT_DELETED:
+                deleted = True
+                was_holder = was_holder or self._holds.ended(predecessor)
+            attempt.event.set()
+
+        zk = self._zk
+        own = attempt.path
+        assert own is not None
+        zk.watch(predecessor, on_event)
+        # getData rather than exists: on a node that is already gone it sets no watch.
+        requests = [protocol.GetDataRequest(path=predecessor, watch=True)]
+        arm_own = not attempt.own_armed
+        if arm_own:
+            if attempt.own_cb is None:
+                attempt.own_cb = functools.partial(self._own_event_while_waiting, attempt)
+                zk.watch(own, attempt.own_cb)
+            requests.append(protocol.GetDataRequest(path=own, watch=True))
+        try:
+            replies = await self._io.call(*requests)
+            if arm_own:
+                if found(replies[1]) is None:
+                    attempt.own_gone = True
+                    return False
+                attempt.own_armed = not attempt.own_gone
+            if found(replies[0]) is None:
+                deleted = True  # gone already
+                was_holder = was_holder or self._holds.ended(predecessor)
+            else:
+                timeout = None if deadline is None else deadline - monotonic()
+                if timeout is None or timeout > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await attempt.event.wait()
+        finally:
+            zk.unwatch(predecessor, on_event)
+        return deleted and was_holder and not attempt.own_gone
+
+    def _grant(self, attempt: _Attempt) -> Grant | None:
+        """The attempt's node is the lowest: the lock is ours (if its session still is)."""
+        assert attempt.path is not None
+        if not self._zk.usable(attempt.session_id) or attempt.own_gone:
+            # The node died (or may have died) with its session, or was deleted.
+            self._set_path(attempt, None)
+            return None
+        request = attempt.request
+        node = Node(attempt.path, attempt.session_id)
+        if attempt.had_doubt:
+            node.sweep_prefix = attempt.prefix
+        grant = Grant(request.name, request.owner, attempt.czxid, None, node)
+        self._holds.add(grant, armed=attempt.own_armed)
+        self._unwatch_own(attempt)  # the grant's watch callback took over
+        return grant
+
+    async def _give_up(self, attempt: _Attempt) -> None:
+        """Leave the queue (deadline, or a try-lock that found the lock taken)."""
+        with contextlib.suppress(LeftBehind):  # then the background goes on until done
+            await self._leave(attempt, "acquire")
+
+    async def _leave(self, attempt: _Attempt, what: str) -> None:
+        """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
+        path = attempt.path
+        self._set_path(attempt, None)
+        doubt, attempt.in_doubt = attempt.in_doubt, None
+        if doubt is not None:
+            # A create went out and its reply never came: the node may exist.
+            await self._io.sweep(attempt.parent, attempt.prefix, doubt, what)
+        if path is not None:
+            await self._io.remove(path, attempt.session_id, what)
+
+    # -- release, renew, abandon ------------------------------------------------------------
+
+    async def release(self, grant: Grant) -> bool:
+        node: Node = grant.data
+        self._holds.forget(grant)  # from now on a deletion of the node is no loss
+        zk = self._zk
+        if zk.session_id != node.session_id:
+            return False  # the node ended with its session
+        if zk.presumed_dead:
+            # The lease was already reported lost; do not hold the caller up while the
+            # servers are unreachable: delete the node once (if ever) they answer again.
+            self._io.remove_later(node.path, node.session_id, "release")
+            return False
+        with self._translate("release"):
+            deleted = await self._io.remove(node.path, node.session_id, "release")
+            if node.sweep_prefix is not None:
+                parent = node.path.rpartition("/")[0]
+                with contextlib.suppress(LeftBehind):  # then it goes on in the background
+                    await self._io.sweep(parent, node.sweep_prefix, node.session_id, "release")
+        return deleted
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """Check that each node still exists in this session (the session is the lease)."""
+        started = monotonic()
+        with self._translate("renew"):
+            replies = await self._io.call(
+                *(protocol.ExistsRequest(path=g.data.path, watch=False) for g in grants)
+            )
+        zk = self._zk
+        results: list[float | None] = []
+        for grant, reply in zip(grants, replies, strict=True):
+            node: Node = grant.data
+            with self._translate("renew"):
+                alive = found(reply) is not None
+            alive = (
+                alive
+                and reply.stat.ephemeral_owner == node.session_id
+                and zk.usable(node.session_id)
+                and self._holds.holds(grant)
+            )
+            results.append(started + ttl if alive else None)
+        return results
+
+    async def abandon(self, request: Request) -> None:
+        attempt = self._attempts.pop((request.name, request.owner), None)
+        if self._closing or self._session is None:
+            return  # closing the session deleted its nodes
+        with self._translate("abandon"):
+            if attempt is not None:
+                await self._leave(attempt, "abandon")
+            else:
+                prefix = f"{escape_segment(request.owner)}#"
+                parent = self.lock_path(request.name)
+                await self._io.sweep(parent, prefix, self._zk.session_id, "abandon")
+
+    # -- status, force_release ----------------------------------------------------------------
+
+    async def status(self, name: str) -> LockStatus | None:
+        try:
+            return await retrying(
+                functools.partial(self._status_once, name),
+                tries=5,
+                first=0.0,
+                retry_if=raced,
+                what="zookeeper: status",
+            )
+        except Raced:
+            return None  # the holder changed under every look
+
+    async def _status_once(self, name: str) -> LockStatus | None:
+        parent = self.lock_path(name)
+        with self._translate("status"):
+            queue = order(await self._io.children(parent) or ())
+            if not queue:
+                return None
+            holder = queue[0]
+            [reply] = await self._io.call(
+                protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
+            )
+            if found(reply) is None:
+                raise Raced("zookeeper: the holder left while status() looked")
+            return LockStatus(
+                name, unescape_segment(holder.owner), reply.stat.created_zxid, None, len(queue) - 1
+            )
+
+    async def force_release(self, name: str) -> bool:
+        parent = self.lock_path(name)
+        with self._translate("force_release"):
+            queue = order(await self._io.children(parent) or ())
+            if not queue:
+                return False
+            [reply] = await self._io.call(
+                protocol.DeleteRequest(path=f"{parent}/{queue[0].name}", version=-1)
+            )
+            return found(reply) is not None
