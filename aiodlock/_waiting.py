@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._errors import BackendError
+from ._retry import Pauses
 from ._types import Busy, Capability, Grant, Request, Waiter, monotonic
-from ._wakeup import Backoff
 
 if TYPE_CHECKING:
     from ._local import Entry, LocalWaiters
@@ -82,7 +82,7 @@ async def acquire_loop(
         entry = None if local is None or request.fair else local.join(request, waiter)
         try:
             busy = _still_busy(waiter, first, first_sent)
-            outage: _Outage | None = None
+            outage: Pauses | None = None
             while True:
                 if busy is None:
                     if monotonic() >= urgent_at:
@@ -98,8 +98,14 @@ async def acquire_loop(
                     except BackendError as exc:
                         if not exc.transient:
                             raise
+                        # NOTE: a waiter should outlive a failover: trying again is safe
+                        # because an attempt is idempotent for its owner (a grant whose answer
+                        # was lost is granted again), and if the loop gives up, the caller
+                        # abandons what the attempts left.  It gives up when the failures have
+                        # lasted as long as the lease it asks for (every lease held through the
+                        # outage is lost by then: no blip) or at its deadline.
                         if outage is None:
-                            outage = _Outage(request.ttl)
+                            outage = Pauses(request.ttl)
                         # (raises exc when the outage outlasts the deadline or the lease)
                         pause = outage.pause(exc, deadline)
                         log.debug(
@@ -174,35 +180,6 @@ async def _enter_waiter(
         if bound.expired():
             return None
         raise  # a timeout of the backend's own (BackendTimeout)
-
-
-class _Outage:
-    """A waiting acquire whose attempts fail with transient backend errors (the server
-    unreachable, timing out, loading, failing over) tries again after capped, jittered
-    pauses instead of giving up: a waiter should outlive a failover.  It gives up, raising
-    the last error, when its deadline comes or when the failures have lasted as long as the
-    lease it asks for (past that, every lease held through the outage is lost anyway, so
-    it is no blip).
-
-    NOTE: trying again is safe because an attempt is idempotent for its owner: one whose
-    grant was made but whose answer was lost gets the same grant again; and if the loop
-    gives up, the caller abandons whatever the attempts left on the server.
-    """
-
-    __slots__ = ("_backoff", "_until")
-
-    def __init__(self, limit: float) -> None:
-        self._until = monotonic() + limit
-        self._backoff = Backoff(first=0.05, cap=1.0)
-
-    def pause(self, error: BackendError, deadline: float | None) -> float:
-        """How long to wait before the next attempt; raises ``error`` when it is over."""
-        now = monotonic()
-        end = self._until if deadline is None else min(self._until, deadline)
-        pause = min(self._backoff.next(), end - now)
-        if pause <= 0:
-            raise error
-        return pause
 
 
 def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
