@@ -28,7 +28,7 @@ BUILTIN: dict[str, str] = {
     "rediss+sentinel": "aiodlock.backends.redis:RedisBackend",
     "redis+cluster": "aiodlock.backends.redis:RedisBackend",
     "rediss+cluster": "aiodlock.backends.redis:RedisBackend",
-    "redlock": "aiodlock.backends.redlock:RedlockBackend",
+    "redlock": "aiodlock.backends.redis:RedlockBackend",
     "zookeeper": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "etcd": "aiodlock.backends.etcd:EtcdBackend",
@@ -40,7 +40,6 @@ BUILTIN: dict[str, str] = {
 #: The pip extra that brings a backend module's driver.
 EXTRAS: dict[str, str] = {
     "aiodlock.backends.redis": "redis",
-    "aiodlock.backends.redlock": "redlock",
     "aiodlock.backends.zookeeper": "zookeeper",
     "aiodlock.backends.etcd": "etcd",
     "aiodlock.backends.mysql": "mysql",

@@ -1,4 +1,4 @@
-"""The pipelined command connection of a plain Redis server (``_redis_wire.Link``)."""
+"""The pipelined command connection of a plain Redis server (``redis._wire.Link``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
 import aiodlock
-from aiodlock.backends._redis_scripts import RELEASE, LockKeys
-from aiodlock.backends._redis_wire import CallTemplate, EvalPacker, ScriptCall, pack
+from aiodlock.backends.redis._scripts import RELEASE, LockKeys
+from aiodlock.backends.redis._wire import CallTemplate, EvalPacker, ScriptCall, pack
 
 from .redis_helpers import HANG, ClientFactory, backend_of
 

@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request
-from aiodlock.backends._redis_scripts import ALL_SCRIPTS, LockKeys, escape_name
+from aiodlock.backends.redis._scripts import ALL_SCRIPTS, LockKeys, escape_name
 from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import RedisServer, free_port
 

@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request, monotonic
-from aiodlock.backends.redis import HubWaiter, RedisBackend
+from aiodlock.backends.redis import RedisBackend
+from aiodlock.backends.redis._waiting import HubWaiter
 
 from .redis_helpers import HANG, ClientFactory, backend_of, eventually
 
@@ -31,7 +32,7 @@ async def _script_calls(raw: aioredis.Redis) -> int:
 
 def _idle_waiter(backend: RedisBackend, name: str, owner: str | None = None) -> bool:
     """A local non-fair waiter of ``name`` is registered and not asking the server now."""
-    waiters = backend._local.get(name, {})
+    waiters = backend.waiting.local.get(name, {})
     return any(
         (owner is None or o == owner) and not w.attempting and w.transfer is None
         for o, w in waiters.items()
@@ -270,8 +271,8 @@ async def test_fair_locks_keep_their_queue(client: aiodlock.Client) -> None:
     backend = backend_of(client)
     await client.lock("fair", fair=True).acquire()
     waiting = asyncio.create_task(client.lock("fair", fair=True).acquire(timeout=HANG))
-    await eventually(lambda: len(backend._waiters) == 1, what="a fair waiter")
-    assert "fair" not in backend._local
+    await eventually(lambda: len(backend.waiting.waiters) == 1, what="a fair waiter")
+    assert "fair" not in backend.waiting.local
     await client.lock("fair", fair=True).release()
     await asyncio.wait_for(waiting, HANG)
     assert backend.transfers == 0
@@ -303,7 +304,7 @@ async def test_tokens_increase_and_nobody_overlaps_under_contention(
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
     assert sum(backend_of(c).transfers for c in clients) > 0
     for client in clients:
-        assert not backend_of(client)._local
+        assert not backend_of(client).waiting.local
 
 
 async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
@@ -323,7 +324,7 @@ async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
     await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
     assert all(a < b for a, b in itertools.pairwise(tokens))
     assert backend.transfers >= 20
-    assert not backend._local
+    assert not backend.waiting.local
     assert await backend.status("turns") is None
 
 
@@ -394,8 +395,10 @@ async def test_random_timeouts_and_cancellations_leave_nothing_behind(
     assert outcomes["cancelled"] > 0
     for client in clients:
         backend = backend_of(client)
-        await eventually(lambda b=backend: not b._waiters and not b._local, what="no waiter")
-        assert backend._board.names() == []
+        await eventually(
+            lambda b=backend: not b.waiting.waiters and not b.waiting.local, what="no waiter"
+        )
+        assert backend.waiting.board.names() == []
         assert backend.hub.channels() == []  # (lingering subscriptions are not wanted)
         assert await client.status("chaos") is None
     lease = await clients[0].lock("chaos", fair=fair).acquire(timeout=0)

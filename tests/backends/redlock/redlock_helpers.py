@@ -9,7 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends.redlock import RedlockBackend
+from aiodlock.backends.redis import RedlockBackend
 from tests.helpers import HANG as HANG
 from tests.helpers import ClientFactory as ClientFactory
 from tests.helpers import eventually as eventually

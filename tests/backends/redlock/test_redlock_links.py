@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends._redis_scripts import LockKeys
+from aiodlock.backends.redis._scripts import LockKeys
 from tests.servers import RedisGroup
 
 from .redlock_helpers import (
@@ -132,7 +132,7 @@ async def test_fan_outs_share_one_loop_timer_per_timeout(client: aiodlock.Client
     call_at = loop.call_at
 
     def counting(when: float, callback: object, *args: object, **kwargs: object) -> object:
-        if getattr(callback, "__module__", "") == "aiodlock.backends.redlock":
+        if getattr(callback, "__module__", "") == "aiodlock.backends.redis._quorum":
             armed.append(callback)
         return call_at(when, callback, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -154,5 +154,5 @@ async def test_fan_outs_share_one_loop_timer_per_timeout(client: aiodlock.Client
     # for the releases (plus one each to start), not 2 x 300.
     assert len(armed) <= elapsed / node_timeout + elapsed / client.config.op_timeout + 4
     assert len(armed) < cycles / 2
-    queues = backend_of(client)._queues
+    queues = backend_of(client).fan.queues
     assert all(len(queue.entries) <= 2 for queue in queues.values())

@@ -31,9 +31,9 @@ from typing import Any, Final
 
 import hiredis
 
-from .._errors import BackendTimeout
-from ._base import monotonic
-from ._redis_scripts import Memo, Script
+from ..._errors import BackendTimeout
+from .._base import monotonic
+from ._scripts import Memo, Script
 
 __all__ = [
     "WIRE_ERRORS",

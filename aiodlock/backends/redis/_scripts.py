@@ -427,3 +427,43 @@ ALL_SCRIPTS: tuple[Script, ...] = (
     FORCE_RELEASE,
     STATUS,
 )
+
+# -- the two scripts Redlock adds ------------------------------------------------------------
+
+RAISE_COUNTER = Script(
+    "raise_counter",
+    """-- Raise a fencing counter to at least a token handed out by another node (Redlock).
+-- KEYS[1] fencing counter
+-- ARGV[1] the token
+-- returns the counter after the call
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if current < wanted then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return wanted
+end
+return current
+""",
+)
+
+REJOIN = Script(
+    "rejoin",
+    """-- When may this node's votes count?  (run on every new connection with rejoin_delay)
+-- A marker key holds the server time (ms) from which the node counts.  A node that lost its
+-- data (restarted without persistence, flushed) has no marker: it counts only rejoin_delay
+-- after the first client saw it empty, when every lease it may have forgotten has ended.
+-- KEYS[1] marker
+-- ARGV[1] rejoin delay in ms
+-- returns ms until the node counts (0 or less: now)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local from = redis.call('GET', KEYS[1])
+if not from then
+  from = now + tonumber(ARGV[1])
+  redis.call('SET', KEYS[1], from)
+end
+return tonumber(from) - now
+""",
+)
+
+REDLOCK_SCRIPTS = (*ALL_SCRIPTS, RAISE_COUNTER)

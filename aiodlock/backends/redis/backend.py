@@ -1,0 +1,271 @@
+"""RedisBackend: ``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Awaitable, Sequence
+from typing import Any, Self
+
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import Sentinel
+
+from ..._errors import BackendError
+from ..._types import LockStatus
+from ..._url import ParsedURL
+from .._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ._deployments import (
+    Settings,
+    build_client,
+    build_link,
+    connection_kwargs,
+    open_pubsub_connection,
+    parse_settings,
+)
+from ._node import AnyRedis, GrantData, RedisNode, ms
+from ._pubsub import PubSubHub
+from ._scripts import LockKeys, key_table
+from ._waiting import HubWaiter, LocalWaiting, Waiting
+from ._wire import Link
+
+
+class RedisBackend(Backend):
+    """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
+
+    See ``docs/backends/redis.md`` for the algorithm, its guarantees and failure modes.
+    """
+
+    backend_name = "redis"
+    capabilities = Capability.FAIR | Capability.FENCING | Capability.CROSS_PROCESS
+
+    def __init__(self, settings: Settings, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._lease_waiter_ms = ms(config.watchdog_ttl)
+        self._keys = key_table(config.namespace)
+        self._client: AnyRedis | None = None
+        self._owns_client = settings.client is None
+        self._sentinel: Sentinel | None = None
+        self._node: RedisNode | None = None
+        self._hub: PubSubHub | None = None
+        self._pubsub_rr = itertools.count()
+        #: This process's waiters and the same-process hand-off (non-fair locks).
+        self.waiting = LocalWaiting(config.op_timeout)
+        secrets = (settings.password or "", settings.sentinel_password or "")
+        self._secrets = tuple(s for s in secrets if s)
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(parse_settings(url, config, options), config)
+
+    def describe(self) -> str:
+        return self.settings.shown
+
+    @property
+    def transfers(self) -> int:
+        """Same-process hand-offs done in one round trip (for tests and curious users)."""
+        return self.waiting.transfers
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def node(self) -> RedisNode:
+        """The protocol on the deployment (after :meth:`open`)."""
+        if self._node is None:
+            raise BackendError("redis: the backend is not open")
+        return self._node
+
+    @property
+    def hub(self) -> PubSubHub:
+        """The shared pub/sub connection (after :meth:`open`)."""
+        if self._hub is None:
+            raise BackendError("redis: the backend is not open")
+        return self._hub
+
+    @property
+    def client(self) -> AnyRedis:
+        """The redis.asyncio client in use (after :meth:`open`)."""
+        if self._client is None:
+            raise BackendError("redis: the backend is not open")
+        return self._client
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        return connection_kwargs(
+            username=s.username,
+            password=s.password,
+            connect_timeout=self.config.connect_timeout,
+            client_name=s.client_name,
+            max_connections=s.max_connections,
+            ssl=s.ssl if s.tls else None,
+        )
+
+    def _build_link(self) -> Link | None:
+        return build_link(self.settings, self.config)
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._client, self._sentinel = build_client(self.settings, self.config)
+        self._node = RedisNode(
+            self._client,
+            op_timeout=self.config.op_timeout,
+            label="redis",
+            secrets=self._secrets,
+            sync_replicas=self.settings.sync_replicas,
+            sync_timeout=self.settings.sync_timeout,
+            link=self._build_link(),
+        )
+        ttl = self.config.watchdog_ttl
+        self._hub = PubSubHub(
+            self._pubsub_connection,
+            self.waiting.board,
+            op_timeout=self.config.op_timeout,
+            connect_timeout=self.config.connect_timeout,
+            ping_interval=max(1.0, min(10.0, ttl / 3)),
+            label="redis",
+            secrets=self._secrets,
+            on_reconnect=self._node.reset_connections,
+        )
+        await self._node.ping(timeout=self.config.connect_timeout)
+
+    async def aclose(self) -> None:
+        hub, self._hub = self._hub, None
+        client, self._client = self._client, None
+        sentinel, self._sentinel = self._sentinel, None
+        node, self._node = self._node, None
+        if hub is not None:
+            await hub.aclose()
+        if node is not None:
+            await node.aclose()
+        if client is not None and self._owns_client:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        if sentinel is not None:
+            with contextlib.suppress(Exception):
+                await sentinel.aclose()
+
+    async def _pubsub_connection(self) -> AbstractConnection:
+        return await open_pubsub_connection(self.client, next(self._pubsub_rr))
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` in this backend's namespace."""
+        return self._keys(name)
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        name = request.name
+        waiting = self.waiting
+        waiter = waiting.waiters.get((name, request.owner)) if waiting.waiters else None
+        handoff = False
+        if waiter is not None or waiting.reservations:
+            decided = await waiting.before_attempt(waiter, request, will_wait)
+            if not isinstance(decided, bool):
+                return decided
+            handoff = decided
+        keys = self._keys(name)
+        ttl = request.ttl
+        started = monotonic()
+        try:
+            value = await self.node.acquire(
+                keys,
+                request.owner,
+                ms(ttl),
+                fair=request.fair,
+                queue=will_wait,
+                waiter_ms=self._lease_waiter_ms,
+            )
+        finally:
+            if handoff or waiter is not None:
+                waiting.attempted(waiter, name, handoff)
+        if value > 0:
+            if waiter is not None:
+                waiter.granted = True
+            data = GrantData(keys, str(value), request.fair)
+            return Grant(name, request.owner, value, started + ttl, data)
+        return Busy((-1 - value) / 1000 if value else None)
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+        return Waiting(self.waiting, self.hub, self._keys(request.name), request, self._settle)
+
+    async def _settle(self, waiter: HubWaiter, keys: LockKeys) -> None:
+        await self.waiting.settle(waiter, keys, self.node, self.release)
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        if not grants:
+            return []
+        started = monotonic()
+        items = [(_data(g).keys, g.owner, _data(g).token) for g in grants]
+        results = await self.node.renew(items, ms(ttl))
+        expires_at = started + ttl
+        return [expires_at if ok else None for ok in results]
+
+    async def release(self, grant: Grant) -> bool:
+        data = _data(grant)
+        waiter = self._hand_off_to(grant, data)
+        if waiter is not None:
+            outcome = await self.waiting.transfer(self.node, self._hub, grant, data, waiter)
+            if outcome is not None:
+                return outcome
+        pending = self.node.release(data.keys, grant.owner, data.token)
+        return await self._released(grant, data, pending)
+
+    def start_release(self, grant: Grant) -> Awaitable[bool]:
+        node, data = self._node, grant.data
+        if (
+            node is None
+            or node.link is None
+            or not isinstance(data, GrantData)
+            or self._hand_off_to(grant, data) is not None
+        ):
+            return self.release(grant)  # (a local hand-off, or no link: nothing to win)
+        return self._released(grant, data, node.start_release(data.keys, grant.owner, data.token))
+
+    def _hand_off_to(self, grant: Grant, data: GrantData) -> HubWaiter | None:
+        """The local waiter a release of ``grant`` hands the lock to, if any."""
+        if not self.waiting.local or data.fair or self.node.sync_replicas:
+            return None
+        return self.waiting.receiver(grant.name, grant.owner)
+
+    async def _released(self, grant: Grant, data: GrantData, pending: Awaitable[Any]) -> bool:
+        """The plain release's answer (True or 1: released); reserves the next attempt for
+        the local waiter its message wakes."""
+        released = bool(await pending == 1)
+        if released and not data.fair:
+            self.waiting.released(grant.name, data.keys, self._hub)
+        return released
+
+    async def abandon(self, request: Request) -> None:
+        await self.node.abandon(self.keys_for(request.name), request.owner)
+
+    async def status(self, name: str) -> LockStatus | None:
+        found = await self.node.status(self.keys_for(name))
+        if found is None:
+            return None
+        owner, token, pttl, waiters = found
+        return LockStatus(
+            name,
+            owner,
+            token,
+            pttl / 1000 if pttl >= 0 else None,
+            waiters if waiters >= 0 else None,
+        )
+
+    async def force_release(self, name: str) -> bool:
+        return await self.node.force_release(self.keys_for(name))
+
+
+def _data(grant: Grant) -> GrantData:
+    data = grant.data
+    if not isinstance(data, GrantData):
+        raise TypeError(f"not a redis grant: {grant!r}")
+    return data
