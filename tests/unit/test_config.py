@@ -156,7 +156,7 @@ def test_default_url_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 @pytest.mark.parametrize(
     ("scheme", "extra", "module"),
     [
-        ("redis", "redis", "redis"),
+        ("redis", "redis", "hiredis"),
         ("zookeeper", "zookeeper", "aiozk"),
         ("etcd", "etcd", "etcd3aio"),
         ("mysql", "mysql", "aiomysql"),

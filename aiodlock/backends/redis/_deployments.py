@@ -1,26 +1,29 @@
-"""How the Redis backend reaches its deployment: URL settings, TLS, Sentinel, Cluster."""
+"""How the Redis backend reaches its deployment: URL settings, TLS, Sentinel, Cluster.
+
+Every deployment is spoken to over pipelined :class:`~._wire.Link` connections: one to a
+plain server, one to the master a Sentinel names (asked again for every new connection),
+one per Cluster master (the slot map read with ``CLUSTER SLOTS``, ``MOVED`` and ``ASK``
+answers followed).  redis-py is not used, but to read the settings of a ``client=`` the
+caller hands in (through its public attributes).
+"""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import binascii
 import dataclasses
+import functools
+import itertools
 import ssl
-from collections.abc import Callable
-from typing import Any, Literal
-
-import anyio
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection, RedisSSLContext
-from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisClusterException
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
 
 from ..._errors import ConfigurationError
 from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
-from .._base import CommonConfig
-from ._node import AnyRedis, no_retry
+from .._base import CommonConfig, monotonic
+from ._node import Links, ServerLinks, eval_wait
 from ._scripts import ALL_SCRIPTS
-from ._wire import Address, Link
+from ._wire import Address, Link, NodeConnectionError, OnReply, ReplyError, ScriptCall, Target, pack
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -68,11 +71,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         mode = "server"
 
     client = options.pop("client", None)
-    if client is not None and not isinstance(client, aioredis.Redis | RedisCluster):
-        raise ConfigurationError(
-            "option 'client' must be a redis.asyncio.Redis or "
-            f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
-        )
+    found = None if client is None else _client_settings(client)
     password = take_str(options, "password", url.password, secret=True)
     username = take_str(options, "username", url.username)
     sentinel_password = take_str(options, "sentinel_password", None, secret=True)
@@ -111,11 +110,18 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
             raise ConfigurationError(
                 f"option 'client' takes 'redis://' or 'redis+cluster://', not {scheme}://"
             )
-        if (mode == "cluster") != isinstance(client, RedisCluster):
+        assert found is not None
+        if (mode == "cluster") != found["cluster"]:
             raise ConfigurationError(
                 "option 'client': use 'redis+cluster://' with a RedisCluster client and "
                 "'redis://' with a Redis client"
             )
+        hosts, socket_path, db = found["hosts"], found["path"], found["db"]
+        mode = "unix" if socket_path is not None else mode
+        tls, ssl = found["tls"], ssl or found["ssl"]
+        username = username or found["username"]
+        password = password or found["password"]
+        client_name = client_name or found["client_name"]
     elif mode == "unix":
         if url.hosts or not path or path == "/":
             raise ConfigurationError(
@@ -183,67 +189,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
     )
 
 
-def connection_kwargs(
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    connect_timeout: float = 5.0,
-    client_name: str | None = None,
-    max_connections: int | None = None,
-    ssl: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments for a redis.asyncio client (or pool) the way aiodlock wants it.
-
-    No driver retries, no socket timeout (each call is bounded by ``op_timeout`` on
-    aiodlock's side: one timer instead of redis-py's timer per read and task per write),
-    bytes replies.  ``ssl``: TLS options (see :func:`take_ssl_options`), ``None`` for none.
-    """
-    kwargs: dict[str, Any] = {
-        "username": username,
-        "password": password,
-        "socket_timeout": None,
-        "socket_connect_timeout": connect_timeout,
-        "retry": no_retry(),
-        "health_check_interval": 0,
-        "decode_responses": False,
-    }
-    if client_name is not None:
-        kwargs["client_name"] = client_name
-    if max_connections is not None:
-        kwargs["max_connections"] = max_connections
-    if ssl is not None:
-        kwargs["ssl"] = True
-        kwargs.update(ssl)
-    return kwargs
-
-
-async def open_pubsub_connection(client: AnyRedis, index: int = 0) -> AbstractConnection:
-    """A new connection for a :class:`PubSubHub`, made like the client's own connections.
-
-    On a Cluster it goes to the ``index``-th master (round robin over reconnects; classic
-    PUBLISH reaches every node of a cluster); through Sentinel it goes to the current master.
-    """
-    conn: AbstractConnection
-    if isinstance(client, RedisCluster):
-        await client.initialize()
-        nodes = client.get_primaries() or client.get_nodes()
-        if not nodes:
-            raise RedisClusterException("no cluster node known")
-        node = nodes[index % len(nodes)]
-        kwargs = dict(node.connection_kwargs)
-        kwargs["retry"] = no_retry()
-        conn = node.connection_class(**kwargs)
-    else:
-        conn = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
-    try:
-        await conn.connect()  # type: ignore[no-untyped-call]
-    except BaseException:
-        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-            await conn.disconnect(nowait=True)
-        raise
-    return conn
-
-
 def db_from_path(path: str) -> int:
     text = path.strip("/")
     if not text:
@@ -254,17 +199,23 @@ def db_from_path(path: str) -> int:
 
 
 def ssl_context_factory(options: dict[str, Any]) -> Callable[[], ssl.SSLContext]:
-    """The SSL context redis-py would make from these ``ssl_*`` options (its defaults: the
-    certificate required, the host name checked), made on first use."""
-    context = RedisSSLContext(
-        keyfile=options.get("ssl_keyfile"),
-        certfile=options.get("ssl_certfile"),
-        cert_reqs=options.get("ssl_cert_reqs", "required"),
-        ca_certs=options.get("ssl_ca_certs"),
-        ca_path=options.get("ssl_ca_path"),
-        check_hostname=options.get("ssl_check_hostname", True),
-    )
-    return context.get
+    """The SSL context of these ``ssl_*`` options (by default the certificate is required
+    and the host name checked), made on first use (a missing file fails a connection)."""
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+    @functools.cache
+    def make() -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        verify = reqs[str(options.get("ssl_cert_reqs", "required")).lower()]
+        context.check_hostname = bool(options.get("ssl_check_hostname", True)) and bool(verify)
+        context.verify_mode = verify
+        if options.get("ssl_certfile"):
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+        if options.get("ssl_ca_certs") or options.get("ssl_ca_path"):
+            context.load_verify_locations(options.get("ssl_ca_certs"), options.get("ssl_ca_path"))
+        return context
+
+    return make
 
 
 def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -286,76 +237,338 @@ def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
     return ssl
 
 
-def build_client(s: Settings, config: CommonConfig) -> tuple[AnyRedis, Sentinel | None]:
-    """The redis.asyncio client of the deployment (and the Sentinel object behind it)."""
-    if s.client is not None:
-        client: AnyRedis = s.client
-        return client, None
-    kwargs = connection_kwargs(
-        username=s.username,
-        password=s.password,
-        connect_timeout=config.connect_timeout,
-        client_name=s.client_name,
-        max_connections=s.max_connections,
-        ssl=s.ssl if s.tls else None,
-    )
-    if s.mode == "cluster":
-        cluster = RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in s.hosts], **kwargs
-        )
-        return cluster, None
-    if s.mode == "sentinel":
-        assert s.service_name is not None
-        sentinel_kwargs: dict[str, Any] = {
-            "username": s.sentinel_username,
-            "password": s.sentinel_password,
-            "socket_timeout": config.op_timeout,
-            "socket_connect_timeout": config.connect_timeout,
-            "retry": no_retry(),
-        }
-        if s.tls:
-            sentinel_kwargs["ssl"] = True
-            sentinel_kwargs.update(s.ssl)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            list(s.hosts), sentinel_kwargs=sentinel_kwargs, db=s.db, **kwargs
-        )
-        master: aioredis.Redis = sentinel.master_for(s.service_name)
-        return master, sentinel
-    if s.mode == "unix":
-        kwargs.pop("socket_connect_timeout", None)
-        kwargs.pop("ssl", None)
-        return aioredis.Redis(unix_socket_path=s.socket_path, db=s.db, **kwargs), None
-    host, port = s.hosts[0]
-    return aioredis.Redis(host=host, port=port, db=s.db, **kwargs), None
+def _client_settings(client: Any) -> dict[str, Any]:
+    """Where a redis-py client (``client=``) connects, read through its public attributes.
 
-
-def build_link(s: Settings, config: CommonConfig) -> Link | None:
-    """The pipelined connection for one plain server (``redis://``, ``unix://``).
-
-    Also for ``rediss://`` (the SSL context is redis-py's, made from the same options).
-    Not for Sentinel (redis-py's pool follows the master), Cluster (redis-py routes by
-    slot), a client of the caller's, or ``sync_replicas`` (a ``WAIT`` blocks its
-    connection on the server, and would hold up every other request on a shared one).
+    The client itself is not used: aiodlock speaks over its own connections.
     """
-    if s.client is not None or s.sync_replicas or s.mode not in ("server", "unix"):
-        return None
-    if s.mode == "unix":
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        nodes = client.nodes_manager.startup_nodes.values()
+        kwargs = client.nodes_manager.connection_kwargs
+        hosts = tuple((node.host, int(node.port)) for node in nodes)
+        path = None
+    elif isinstance(client, aioredis.Redis):
+        kwargs = client.connection_pool.connection_kwargs
+        path = kwargs.get("path")
+        hosts = () if path else ((kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))),)
+    else:
+        raise ConfigurationError(
+            "option 'client' must be a redis.asyncio.Redis or "
+            f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
+        )
+    ssl_options = {
+        name: kwargs[name]
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+        if kwargs.get(name)
+    }
+    tls = "ssl_cert_reqs" in kwargs or bool(kwargs.get("ssl"))
+    if tls:
+        reqs = kwargs.get("ssl_cert_reqs", "required")
+        names = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional"}
+        ssl_options["ssl_cert_reqs"] = names.get(
+            reqs, reqs if isinstance(reqs, str) else "required"
+        )
+        ssl_options["ssl_check_hostname"] = bool(kwargs.get("ssl_check_hostname", True))
+    return {
+        "cluster": isinstance(client, RedisCluster),
+        "hosts": hosts,
+        "path": path,
+        "db": int(kwargs.get("db") or 0),
+        "username": kwargs.get("username"),
+        "password": kwargs.get("password"),
+        "client_name": kwargs.get("client_name"),
+        "tls": tls,
+        "ssl": ssl_options,
+    }
+
+
+class SentinelMaster:
+    """Where the master a Sentinel names listens: asked again for every new connection
+    (a :data:`~._wire.Target`), so a link follows a failover when it reconnects."""
+
+    def __init__(self, s: Settings, config: CommonConfig, tls: Any) -> None:
+        assert s.service_name is not None
+        self.service = s.service_name
+        self._tls = tls
+        self._links = [
+            Link(
+                f"redis sentinel {host}:{port}",
+                Address(host, port, tls=tls),
+                connect_timeout=config.connect_timeout,
+                op_timeout=config.op_timeout,
+                username=s.sentinel_username,
+                password=s.sentinel_password,
+            )
+            for host, port in s.hosts
+        ]
+
+    async def __call__(self) -> Address:
+        failures = []
+        for link in self._links:
+            reply = await link.call(pack(b"SENTINEL", b"get-master-addr-by-name", self.service))
+            if isinstance(reply, list) and len(reply) == 2:
+                host, port = reply
+                return Address(host.decode(), int(port), tls=self._tls)
+            failures.append(f"{link.label}: {reply if reply is not None else 'unknown master'}")
+        raise NodeConnectionError(
+            f"no sentinel names the master of {self.service!r}: {'; '.join(failures)}"
+        )
+
+    def close(self) -> None:
+        for link in self._links:
+            link.close()
+
+
+SLOTS: Final = 16384
+
+
+def key_slot(key: bytes) -> int:
+    """The Cluster slot of ``key`` (CRC16/XMODEM of its hash tag, as Redis computes it)."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return binascii.crc_hqx(key, 0) % SLOTS
+
+
+class SlotUncovered(ConnectionError):
+    """No master is known for a slot (yet): the slot map is being read again."""
+
+
+class ClusterLinks:
+    """A Redis Cluster: one link per master, a call routed by its first key's slot.
+
+    The slot map comes from ``CLUSTER SLOTS``; it is read again (in the background, at most
+    every ``REFRESH`` seconds) after a ``MOVED`` or ``CLUSTERDOWN`` answer or a node that
+    failed, and a ``MOVED`` / ``ASK`` answer sends the call again where it points.
+    """
+
+    REFRESH: Final = 0.25
+
+    def __init__(self, seeds: Sequence[Address], make_link: Callable[[Address, str], Link]) -> None:
+        self._seeds = list(seeds)
+        self._make_link = make_link
+        self._tls = seeds[0].tls if seeds else None
+        self._slots: list[Address | None] = [None] * SLOTS
+        self._links: dict[Address, Link] = {}
+        self._wait_links: dict[Address, Link] = {}
+        self._refresh: asyncio.Task[None] | None = None
+        self._refreshed = -1e9
+        self._round = itertools.count()
+
+    # -- the slot map ----------------------------------------------------------------------
+
+    def address_of(self, key: bytes) -> Address | None:
+        """The master that serves ``key``'s slot, as far as known."""
+        return self._slots[key_slot(key)]
+
+    def _link(self, address: Address) -> Link:
+        link = self._links.get(address)
+        if link is None:
+            link = self._links[address] = self._make_link(address, "redis")
+        return link
+
+    async def refresh(self) -> None:
+        """Read the slot map from a node (a known master first, then the seeds)."""
+        self._refreshed = monotonic()
+        known = [a for a in dict.fromkeys(self._slots) if a is not None]
+        failures = []
+        for address in dict.fromkeys([*known, *self._seeds]):
+            reply = await self._link(address).call(pack(b"CLUSTER", b"SLOTS"))
+            if isinstance(reply, list) and reply:
+                self._apply(reply, address)
+                return
+            failures.append(f"{address}: {reply}")
+        raise NodeConnectionError(f"no cluster node gave its slot map: {'; '.join(failures)}")
+
+    def _apply(self, reply: list[Any], via: Address) -> None:
+        slots: list[Address | None] = [None] * SLOTS
+        for entry in reply:
+            start, end, master = int(entry[0]), int(entry[1]), entry[2]
+            host = master[0].decode() if master[0] else via.host
+            if host != "?":
+                address = Address(host, int(master[1]), tls=self._tls)
+                slots[start : end + 1] = [address] * (end - start + 1)
+        self._slots = slots
+
+    def stale(self) -> None:
+        """Read the slot map again soon (in the background, at most every REFRESH s)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_later())
+
+    async def _refresh_later(self) -> None:
+        await asyncio.sleep(max(0.0, self._refreshed + self.REFRESH - monotonic()))
+        try:
+            await self.refresh()
+        except ConnectionError:
+            pass  # (the next failure asks again)
+
+    def reset(self) -> None:
+        self.stale()
+
+    async def next_master(self) -> Address:
+        """A master for the pub/sub connection (round robin over reconnects: a classic
+        PUBLISH reaches every node of a cluster)."""
+        if next(self._round):
+            self.stale()
+        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        if not masters:
+            await self.refresh()
+            masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        return masters[next(self._round) % len(masters)]
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def eval(self, call: ScriptCall, deliver: OnReply) -> None:
+        self._send(call, deliver, 0, None)
+
+    def _send(self, call: ScriptCall, deliver: OnReply, hops: int, asking: Address | None) -> None:
+        answered = functools.partial(self._answered, call, deliver, hops)
+        if asking is not None:
+            self._link(asking).send(pack(b"ASKING") + call.data, [_ignore, answered], [None, call])
+            return
+        address = self._slots[key_slot(call.keys[0])]
+        if address is None:
+            self.stale()
+            deliver(SlotUncovered(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
+            return
+        self._link(address).eval(call, answered)
+
+    def _answered(self, call: ScriptCall, deliver: OnReply, hops: int, reply: Any) -> None:
+        if type(reply) is ReplyError:
+            text = str(reply)
+            if text.startswith(("MOVED ", "ASK ")) and hops < 5:
+                kind, slot, where = text.split()
+                host, _, port = where.rpartition(":")
+                address = Address(host, int(port), tls=self._tls)
+                if kind == "MOVED":
+                    self._slots[int(slot)] = address
+                    self.stale()
+                    self._send(call, deliver, hops + 1, None)
+                else:
+                    self._send(call, deliver, hops + 1, address)
+                return
+            if text.startswith("CLUSTERDOWN"):
+                self.stale()
+        elif isinstance(reply, BaseException):
+            self.stale()  # (a node that fails or does not answer: failed over, maybe)
+        deliver(reply)
+
+    def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
+        """One write per master."""
+        replies: list[Any] = [None] * len(calls)
+        left = [len(calls)]
+        if not calls:
+            deliver([])
+            return
+
+        def collect(index: int, reply: Any) -> None:
+            replies[index] = reply
+            left[0] -= 1
+            if not left[0]:
+                failed = [r for r in replies if isinstance(r, BaseException)]
+                deliver(failed[0] if failed else replies)
+
+        groups: dict[Address | None, list[int]] = {}
+        for index, call in enumerate(calls):
+            groups.setdefault(self._slots[key_slot(call.keys[0])], []).append(index)
+        for address, indexes in groups.items():
+            if address is None:
+                for index in indexes:
+                    self._send(calls[index], functools.partial(collect, index), 0, None)
+                continue
+            callbacks: list[OnReply] = [
+                functools.partial(self._answered, calls[i], functools.partial(collect, i), 0)
+                for i in indexes
+            ]
+            data = b"".join(calls[i].data for i in indexes)
+            self._link(address).send(data, callbacks, [calls[i] for i in indexes])
+
+    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
+        address = self._slots[key_slot(call.keys[0])]
+        if address is None:
+            self._send(call, deliver, 0, None)  # (answers SlotUncovered)
+            return
+        link = self._wait_links.get(address)
+        if link is None:
+            link = self._wait_links[address] = self._make_link(address, "redis (WAIT)")
+
+        def done(result: Any) -> None:
+            first = result[0] if isinstance(result, list) else None
+            if type(first) is ReplyError and str(first).startswith(("MOVED ", "ASK ")):
+                # The slot moved: the script runs where it went; the WAIT asked the wrong
+                # master, so nothing is acknowledged.
+                self._answered(
+                    call, lambda r: deliver(r if isinstance(r, Exception) else [r, 0]), 0, first
+                )
+                return
+            if isinstance(result, BaseException):
+                self.stale()
+            deliver(result)
+
+        eval_wait(link, call, wait, done)
+
+    async def ping(self) -> None:
+        await self.refresh()
+        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        replies = await asyncio.gather(*(self._link(a).call(pack(b"PING")) for a in masters))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+        for link in [*self._links.values(), *self._wait_links.values()]:
+            link.close()
+
+
+def _ignore(reply: Any) -> None:
+    """The answer to ASKING."""
+
+
+def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, Callable[[], None]]:
+    """The command links of the deployment, the link for its pub/sub connection and what
+    closes whatever else was made (the sentinels' links)."""
+    tls = ssl_context_factory(s.ssl) if s.tls else None
+
+    def make_link(target: Target, label: str = "redis", *, pubsub: bool = False) -> Link:
+        return Link(
+            label,
+            target,
+            connect_timeout=config.connect_timeout,
+            op_timeout=config.op_timeout,
+            username=s.username,
+            password=s.password,
+            db=s.db,
+            client_name=s.client_name,
+            scripts=() if pubsub else ALL_SCRIPTS,
+        )
+
+    if s.mode == "cluster":
+        cluster = ClusterLinks([Address(h, p, tls=tls) for h, p in s.hosts], make_link)
+        return cluster, make_link(cluster.next_master, pubsub=True), _nothing
+    target: Target
+    closing = _nothing
+    if s.mode == "sentinel":
+        sentinel = SentinelMaster(s, config, tls)
+        target, closing = sentinel, sentinel.close
+    elif s.mode == "unix":
         assert s.socket_path is not None
-        address = Address(path=s.socket_path)
+        target = Address(path=s.socket_path)
     else:
         host, port = s.hosts[0]
-        address = Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None)
-    return Link(
-        "redis",
-        address,
-        connect_timeout=config.connect_timeout,
-        op_timeout=config.op_timeout,
-        username=s.username,
-        password=s.password,
-        db=s.db,
-        client_name=s.client_name,
-        scripts=ALL_SCRIPTS,
-    )
+        target = Address(host, port, tls=tls)
+    links = ServerLinks(make_link(target), functools.partial(make_link, target, "redis (WAIT)"))
+    return links, make_link(target, pubsub=True), closing
+
+
+def _nothing() -> None:
+    pass
 
 
 # -- Redlock ----------------------------------------------------------------------------------

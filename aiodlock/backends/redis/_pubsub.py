@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
-
-import anyio
-from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..._errors import describe
 from ..._wakeup import Backoff, WakeupBoard
-from .._base import (
-    monotonic,
-)
+from .._base import monotonic
+from ._wire import Link, NodeConnectionError, PushPipe, pack
 
 log = logging.getLogger("aiodlock")
 
@@ -60,56 +53,35 @@ class Channel:
         self.ready_since = None
 
 
-class _HubDown(RedisConnectionError):
-    """The pub/sub connection stopped answering PING."""
-
-
-class _QuietWatch:
+class _Silence:
     """Notices a pub/sub connection that went silent: ``interval`` seconds after the last
-    thing read it sends PING; when nothing has come ``patience`` seconds later, it cancels
-    the reading ``task`` (which then sees :attr:`expired`).  One timer per connection, not
-    a timeout per message read."""
+    thing read it sends PING; when nothing has come ``patience`` seconds later, it closes
+    the connection.  One timer per connection, not a timeout per message read."""
 
-    __slots__ = ("_handle", "_interval", "_patience", "_send", "_task", "clock", "expired", "last")
+    __slots__ = ("_handle", "_interval", "_patience", "_pipe")
 
-    def __init__(
-        self,
-        task: asyncio.Task[Any],
-        interval: float,
-        patience: float,
-        send: Callable[..., None],
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        self._task = task
+    def __init__(self, pipe: PushPipe, interval: float, patience: float) -> None:
+        self._pipe = pipe
         self._interval = interval
         self._patience = patience
-        self._send = send
-        #: The loop's clock; the reader sets :attr:`last` from it per message.
-        self.clock = loop.time
-        #: When something was last read.
-        self.last = loop.time()
-        #: The PING went unanswered: the task was cancelled for it.
-        self.expired = False
-        self._handle = loop.call_later(interval, self._quiet)
+        self._handle = asyncio.get_running_loop().call_later(interval, self._quiet)
 
     def _quiet(self) -> None:
         """Due ``interval`` after the last read, unless something came since."""
         loop = asyncio.get_running_loop()
-        left = self.last + self._interval - loop.time()
+        left = self._pipe.last + self._interval - monotonic()
         if left > 0:
             self._handle = loop.call_later(left, self._quiet)
             return
-        sent = loop.time()
-        self._send(b"PING")
-        self._handle = loop.call_later(self._patience, self._answered, sent)
+        self._pipe.write(pack(b"PING"))
+        self._handle = loop.call_later(self._patience, self._answered, monotonic())
 
     def _answered(self, sent: float) -> None:
         """Due ``patience`` after a PING."""
-        if self.last >= sent:
+        if self._pipe.last >= sent:
             self._quiet()
             return
-        self.expired = True
-        self._task.cancel()
+        self._pipe.close(NodeConnectionError(f"no answer to PING within {self._patience} s"))
 
     def stop(self) -> None:
         self._handle.cancel()
@@ -130,29 +102,27 @@ class PubSubHub:
 
     def __init__(
         self,
-        connect: Callable[[], Awaitable[AbstractConnection]],
+        link: Link,
         board: WakeupBoard,
         *,
         op_timeout: float,
-        connect_timeout: float,
         ping_interval: float,
         label: str = "redis",
         secrets: tuple[str, ...] = (),
         on_reconnect: Callable[[], None] | None = None,
     ) -> None:
-        self._connect = connect
+        #: The pub/sub connection (its replies are pushed to the hub).
+        self.link = link
+        link.on_push = self._dispatch
         self._on_reconnect = on_reconnect
         self.board = board
         self.op_timeout = op_timeout
-        self.connect_timeout = connect_timeout
         self.ping_interval = ping_interval
         self.label = label
         self._secrets = secrets
         self._channels: dict[bytes, Channel] = {}
-        self._conn: AbstractConnection | None = None
+        self._pipe: PushPipe | None = None
         self._task: asyncio.Task[None] | None = None
-        self._outbox: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._outbox_event = asyncio.Event()
         self._closed = False
         #: Seconds a subscription outlives its last local waiter.
         self.linger = 1.0
@@ -184,6 +154,7 @@ class PubSubHub:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.link.close()
 
     def ready_since(self, channel: bytes) -> float | None:
         """Since when (monotonic) ``channel`` is confirmed without interruption, or None."""
@@ -208,7 +179,7 @@ class PubSubHub:
             state.linger = None
         try:
             self.start()
-            if not state.requested and self._conn is not None:
+            if not state.requested and self._pipe is not None:
                 state.requested = True
                 state.inflight += 1
                 state.clear_ready()
@@ -227,7 +198,7 @@ class PubSubHub:
         """One local waiter no longer needs ``channel`` (see :meth:`subscribe`)."""
         state.wanted -= 1
         if state.wanted == 0:
-            if state.requested and self._conn is not None:
+            if state.requested and self._pipe is not None:
                 loop = asyncio.get_running_loop()
                 state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
             elif state.inflight == 0 and self._channels.get(channel) is state:
@@ -237,7 +208,7 @@ class PubSubHub:
         state.linger = None
         if state.wanted or self._channels.get(channel) is not state:
             return
-        if state.requested and self._conn is not None:
+        if state.requested and self._pipe is not None:
             state.requested = False
             state.inflight += 1
             state.missed = 0
@@ -248,20 +219,21 @@ class PubSubHub:
 
     # -- the connection ---------------------------------------------------------------------
 
-    def _send(self, *args: Any) -> None:
-        self._outbox.append(args)
-        self._outbox_event.set()
+    def _send(self, *args: bytes) -> None:
+        if self._pipe is not None:
+            self._pipe.write(pack(*args))
 
     async def _run(self) -> None:
         backoff = Backoff(first=0.02, cap=1.0)
+        link = self.link
         while not self._closed:
-            conn: AbstractConnection | None = None
             served = False
             try:
-                async with asyncio.timeout(self.connect_timeout + self.op_timeout):
-                    conn = await self._connect()
+                async with asyncio.timeout(link.connect_timeout + self.op_timeout):
+                    pipe = await link.connect()
+                assert isinstance(pipe, PushPipe)
                 served = True
-                await self._serve(conn)
+                await self._serve(pipe)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -272,21 +244,14 @@ class PubSubHub:
                 )
             finally:
                 self._disconnected()
-                if conn is not None:
-                    with (
-                        anyio.CancelScope(shield=True),
-                        anyio.move_on_after(1.0),
-                        contextlib.suppress(Exception),
-                    ):
-                        await conn.disconnect(nowait=True)
+                link.drop(NodeConnectionError("the pub/sub connection was given up"))
             if served:
                 backoff.reset()
             await asyncio.sleep(backoff.next())
 
     def _disconnected(self) -> None:
-        self._conn = None
+        self._pipe = None
         self.connected.clear()
-        self._outbox.clear()
         for channel, state in list(self._channels.items()):
             state.requested = False
             state.inflight = 0
@@ -299,10 +264,9 @@ class PubSubHub:
             if not state.wanted:
                 del self._channels[channel]
 
-    async def _serve(self, conn: AbstractConnection) -> None:
+    async def _serve(self, pipe: PushPipe) -> None:
         # NOTE: no await between collecting the wanted channels and publishing the
         # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
-        self._outbox.clear()
         wanted = [ch for ch, st in self._channels.items() if st.wanted]
         reconnect = self.connections > 0
         for channel in wanted:
@@ -313,55 +277,20 @@ class PubSubHub:
             # channel is back.  (On the first connection the waiters are still waiting for
             # the subscription, and they make their attempt right after it anyway.)
             state.wake_when_ready = reconnect
+        self._pipe = pipe
         if wanted:
             self._send(b"SUBSCRIBE", *wanted)
-        self._conn = conn
         self.connections += 1
         self.connected.set()
         if reconnect and self._on_reconnect is not None:
             # The server may have restarted or failed over: so may the command connections.
             self._on_reconnect()
-        writer = asyncio.get_running_loop().create_task(
-            self._writer(conn), name=f"aiodlock:{self.label}:pubsub-writer"
-        )
+        # NOTE: one timer for the connection's silence, not a timeout per message read.
+        silence = _Silence(pipe, self.ping_interval, self.op_timeout)
         try:
-            await self._reader(conn, writer)
+            raise await asyncio.shield(pipe.lost)
         finally:
-            writer.cancel()
-            with contextlib.suppress(BaseException):
-                await writer
-
-    async def _writer(self, conn: AbstractConnection) -> None:
-        while True:
-            await self._outbox_event.wait()
-            self._outbox_event.clear()
-            while self._outbox:
-                args = self._outbox.popleft()
-                await conn.send_command(*args, check_health=False)
-
-    async def _reader(self, conn: AbstractConnection, writer: asyncio.Task[None]) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        # NOTE: one timer for the connection's silence, not a timeout per message read
-        # (redis-py's read_response(timeout=...) enters asyncio.timeout for every message).
-        watch = _QuietWatch(task, self.ping_interval, self.op_timeout, self._send)
-        try:
-            while True:
-                if writer.done():
-                    writer.result()  # raises what broke the writer
-                    raise _HubDown("the pub/sub writer stopped")
-                try:
-                    # (math.inf: no timeout of redis-py's own for this read)
-                    reply = await conn.read_response(timeout=math.inf, push_request=True)
-                except asyncio.CancelledError:
-                    if watch.expired and task.uncancel() == 0:
-                        raise _HubDown(f"no answer to PING within {self.op_timeout} s") from None
-                    raise
-                watch.last = watch.clock()  # anything that arrives proves the line alive
-                if reply is not None:
-                    self._dispatch(reply)
-        finally:
-            watch.stop()
+            silence.stop()
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:

@@ -39,7 +39,6 @@ class Node:
         "index",
         "label",
         "link",
-        "pool",
         "secrets",
     )
 
@@ -51,7 +50,6 @@ class Node:
         #: Monotonic time from which this node's votes count (``rejoin_delay``).
         self.counts_after = -math.inf
         self.link: Link
-        self.pool: Any  # (redis-py pool for the pub/sub connections)
         self.hub: PubSubHub
         self._silent: Memo[tuple[str, float], BackendTimeout] = Memo(self._silence, limit=64)
 

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import hiredis
@@ -44,8 +44,10 @@ __all__ = [
     "NodeConnectionError",
     "OnReply",
     "Pipe",
+    "PushPipe",
     "ReplyError",
     "ScriptCall",
+    "Target",
     "pack",
     "resolver",
 ]
@@ -311,6 +313,47 @@ class Pipe(asyncio.Protocol):
         return self._waiting[0][2] if self._waiting else None
 
 
+class PushPipe(Pipe):
+    """A pipe whose replies, once no request waits for one, go to ``on_push``: a pub/sub
+    connection (its handshake is answered in order, then every message is pushed).
+
+    ``lost`` gets the error the connection ended with; ``last`` is when data last came.
+    """
+
+    def __init__(self, label: str, op_timeout: float | None, on_push: OnReply) -> None:
+        super().__init__(label, op_timeout)
+        self.on_push = on_push
+        self.last = monotonic()
+        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.last = monotonic()
+        reader = self._reader
+        reader.feed(data)
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.close(NodeConnectionError(f"protocol error: {exc}"))
+                return
+            if reply is False:
+                return
+            if self._waiting:
+                self._waiting.popleft()[0](reply)
+            else:
+                self.on_push(reply)
+
+    def _fail(self, error: BaseException) -> None:
+        super()._fail(error)
+        if not self.lost.done():
+            self.lost.set_result(self.broken or error)
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (its answers are pushed)."""
+        if self.broken is None and self.transport is not None:
+            self.transport.write(data)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
     """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``.
@@ -324,6 +367,16 @@ class Address:
     path: str | None = None
     tls: Callable[[], ssl.SSLContext] | None = dataclasses.field(default=None, repr=False)
 
+    def __str__(self) -> str:
+        if self.path is not None:
+            return self.path
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+#: Where a link connects: an address, or what finds it anew for every connection (the
+#: master a Sentinel names, a Cluster node).
+Target = Address | Callable[[], Awaitable[Address]]
+
 
 class Link:
     """ONE pipelined connection to one server, made (again) on demand.
@@ -334,13 +387,14 @@ class Link:
     request makes a new one.
 
     ``extra()`` may add packed commands to the handshake; ``on_extra(replies)`` then gets
-    their replies (an error reply among them fails the connection attempt).
+    their replies (an error reply among them fails the connection attempt).  With
+    ``on_push`` the connection is a pub/sub one (:class:`PushPipe`).
     """
 
     def __init__(
         self,
         label: str,
-        address: Address,
+        address: Target,
         *,
         connect_timeout: float,
         op_timeout: float,
@@ -351,6 +405,7 @@ class Link:
         scripts: Sequence[Script] = (),
         extra: Callable[[], list[bytes]] | None = None,
         on_extra: Callable[[list[Any]], None] | None = None,
+        on_push: OnReply | None = None,
     ) -> None:
         self.label = label
         self.address = address
@@ -363,6 +418,9 @@ class Link:
         self._scripts = tuple(scripts)
         self._extra = extra
         self._on_extra = on_extra
+        self.on_push = on_push
+        #: Where the current (or last) connection went.
+        self.connected_to: Address | None = None
         #: The current connection's pipe (None before the first and after a broken one).
         #: NOTE: usable while it is not ``broken``: see :meth:`eval`.
         self.pipe: Pipe | None = None
@@ -427,6 +485,21 @@ class Link:
 
         task.add_done_callback(send_when_ready)
 
+    async def connect(self) -> Pipe:
+        """The open connection, made now if there is none (raises if that fails)."""
+        pipe = self._usable()
+        if pipe is not None:
+            return pipe
+        if self.closed:
+            raise NodeConnectionError("the connection is closed")
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"aiodlock:{self.label}:connect"
+            )
+            task.add_done_callback(self._connected)
+        return await asyncio.shield(task)
+
     def call(self, data: bytes) -> asyncio.Future[Any]:
         """Send one packed command; the future gets its reply (or failure) as its result."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -441,27 +514,31 @@ class Link:
 
     async def _connect(self) -> Pipe:
         loop = asyncio.get_running_loop()
-        address = self.address
         pipe: Pipe | None = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                label, limit = self.label, self.op_timeout
+                target = self.address
+                address = target if isinstance(target, Address) else await target()
+                self.connected_to = address
+                label, limit, on_push = self.label, self.op_timeout, self.on_push
+
+                def protocol() -> Pipe:
+                    if on_push is None:
+                        return Pipe(label, limit)
+                    return PushPipe(label, limit, on_push)
+
                 if address.path is not None:
-                    _, pipe = await loop.create_unix_connection(
-                        lambda: Pipe(label, limit), address.path
-                    )
+                    _, pipe = await loop.create_unix_connection(protocol, address.path)
                 elif address.tls is not None:
                     _, pipe = await loop.create_connection(
-                        lambda: Pipe(label, limit),
+                        protocol,
                         address.host,
                         address.port,
                         ssl=address.tls(),
                         ssl_handshake_timeout=self.connect_timeout,
                     )
                 else:
-                    _, pipe = await loop.create_connection(
-                        lambda: Pipe(label, limit), address.host, address.port
-                    )
+                    _, pipe = await loop.create_connection(protocol, address.host, address.port)
                 await self._handshake(pipe)
         except BaseException as exc:
             if pipe is not None:
@@ -540,6 +617,11 @@ class Link:
 
     def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
         self.send(pack(*args), [deliver])
+
+    def idle(self) -> bool:
+        """No request is waiting for an answer on the current connection."""
+        pipe = self.pipe
+        return pipe is None or pipe.oldest() is None
 
     def drop(self, error: BaseException) -> None:
         """Close the current connection (the next request makes a new one)."""

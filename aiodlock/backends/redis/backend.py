@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import itertools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
-
-from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.sentinel import Sentinel
 
 from ..._errors import BackendError
 from ..._types import LockStatus
@@ -24,19 +21,15 @@ from .._base import (
     Waiter,
     monotonic,
 )
-from ._deployments import (
-    Settings,
-    build_client,
-    build_link,
-    connection_kwargs,
-    open_pubsub_connection,
-    parse_settings,
-)
-from ._node import AnyRedis, GrantData, RedisNode, ms
+from ._deployments import Settings, connect_deployment, parse_settings
+from ._node import GrantData, RedisNode, ms
 from ._pubsub import PubSubHub
 from ._scripts import LockKeys, key_table
 from ._waiting import HubWaiter, LocalWaiting, Waiting
-from ._wire import Link
+
+
+def _nothing() -> None:
+    pass
 
 
 class RedisBackend(Backend):
@@ -53,12 +46,9 @@ class RedisBackend(Backend):
         self.config = config
         self._lease_waiter_ms = ms(config.watchdog_ttl)
         self._keys = key_table(config.namespace)
-        self._client: AnyRedis | None = None
-        self._owns_client = settings.client is None
-        self._sentinel: Sentinel | None = None
+        self._closing: Callable[[], None] = _nothing
         self._node: RedisNode | None = None
         self._hub: PubSubHub | None = None
-        self._pubsub_rr = itertools.count()
         #: This process's waiters and the same-process hand-off (non-fair locks).
         self.waiting = LocalWaiting(config.op_timeout)
         secrets = (settings.password or "", settings.sentinel_password or "")
@@ -93,68 +83,40 @@ class RedisBackend(Backend):
         return self._hub
 
     @property
-    def client(self) -> AnyRedis:
-        """The redis.asyncio client in use (after :meth:`open`)."""
-        if self._client is None:
-            raise BackendError("redis: the backend is not open")
-        return self._client
-
-    def _connection_kwargs(self) -> dict[str, Any]:
-        s = self.settings
-        return connection_kwargs(
-            username=s.username,
-            password=s.password,
-            connect_timeout=self.config.connect_timeout,
-            client_name=s.client_name,
-            max_connections=s.max_connections,
-            ssl=s.ssl if s.tls else None,
-        )
-
-    def _build_link(self) -> Link | None:
-        return build_link(self.settings, self.config)
+    def client(self) -> Any:
+        """The redis-py client given as ``client=`` (its settings are used, not it)."""
+        return self.settings.client
 
     async def open(self, on_lost: LostCallback) -> None:
-        self._client, self._sentinel = build_client(self.settings, self.config)
+        links, hub_link, self._closing = connect_deployment(self.settings, self.config)
         self._node = RedisNode(
-            self._client,
-            op_timeout=self.config.op_timeout,
+            links,
             label="redis",
             secrets=self._secrets,
             sync_replicas=self.settings.sync_replicas,
             sync_timeout=self.settings.sync_timeout,
-            link=self._build_link(),
         )
         ttl = self.config.watchdog_ttl
         self._hub = PubSubHub(
-            self._pubsub_connection,
+            hub_link,
             self.waiting.board,
             op_timeout=self.config.op_timeout,
-            connect_timeout=self.config.connect_timeout,
             ping_interval=max(1.0, min(10.0, ttl / 3)),
             label="redis",
             secrets=self._secrets,
-            on_reconnect=self._node.reset_connections,
+            on_reconnect=links.reset,
         )
-        await self._node.ping(timeout=self.config.connect_timeout)
+        async with asyncio.timeout(self.config.connect_timeout):
+            await self._node.ping()
 
     async def aclose(self) -> None:
         hub, self._hub = self._hub, None
-        client, self._client = self._client, None
-        sentinel, self._sentinel = self._sentinel, None
         node, self._node = self._node, None
         if hub is not None:
             await hub.aclose()
         if node is not None:
-            await node.aclose()
-        if client is not None and self._owns_client:
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        if sentinel is not None:
-            with contextlib.suppress(Exception):
-                await sentinel.aclose()
-
-    async def _pubsub_connection(self) -> AbstractConnection:
-        return await open_pubsub_connection(self.client, next(self._pubsub_rr))
+            node.close()
+        self._closing()
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -221,14 +183,9 @@ class RedisBackend(Backend):
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
         node, data = self._node, grant.data
-        if (
-            node is None
-            or node.link is None
-            or not isinstance(data, GrantData)
-            or self._hand_off_to(grant, data) is not None
-        ):
-            return self.release(grant)  # (a local hand-off, or no link: nothing to win)
-        return self._released(grant, data, node.start_release(data.keys, grant.owner, data.token))
+        if node is None or not isinstance(data, GrantData) or self._hand_off_to(grant, data):
+            return self.release(grant)  # (a local hand-off: nothing to win)
+        return self._released(grant, data, node.release(data.keys, grant.owner, data.token))
 
     def _hand_off_to(self, grant: Grant, data: GrantData) -> HubWaiter | None:
         """The local waiter a release of ``grant`` hands the lock to, if any."""

@@ -47,10 +47,6 @@ import random
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, Self
 
-import anyio
-import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection, SSLConnection
-
 from ..._errors import BackendError, describe
 from ..._types import LockStatus
 from ..._url import ParsedURL
@@ -66,7 +62,7 @@ from .._base import (
     monotonic,
 )
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import acquire_call, ms, no_retry, release_calls
+from ._node import acquire_call, ms, release_calls
 from ._pubsub import PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered, any_answer
 from ._redlock_waiting import RedlockLocal, RedlockWaiting
@@ -187,38 +183,20 @@ class RedlockBackend(Backend):
             extra=self._rejoin_check if s.rejoin_delay > 0 else None,
             on_extra=functools.partial(self._rejoined, node),
         )
-        # redis-py makes the pub/sub connections (PubSubHub speaks through them).
-        tls_pool: dict[str, Any] = {}
-        if s.tls:
-            tls_pool = {"connection_class": SSLConnection, **s.ssl}
-        pool = node.pool = aioredis.ConnectionPool(
-            **tls_pool,
-            host=host,
-            port=port,
-            db=s.db,
+        # The node's pub/sub connection: the same transport, in subscribe mode.
+        pubsub = Link(
+            node.label,
+            Address(host, port, tls=tls),
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
             username=s.username,
             password=password,
-            socket_timeout=None,
-            socket_connect_timeout=self.config.connect_timeout,
-            retry=no_retry(),
-            health_check_interval=0,
+            db=s.db,
         )
-
-        async def connect() -> AbstractConnection:
-            conn: AbstractConnection = pool.make_connection()  # type: ignore[no-untyped-call]
-            try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-            except BaseException:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await conn.disconnect(nowait=True)
-                raise
-            return conn
-
         node.hub = PubSubHub(
-            connect,
+            pubsub,
             self.waiting.board,
             op_timeout=self.config.op_timeout,
-            connect_timeout=self.config.connect_timeout,
             ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
             label=node.label,
             secrets=self.secrets,
@@ -275,8 +253,6 @@ class RedlockBackend(Backend):
             node.link.close()
         for node in nodes:
             await node.hub.aclose()
-            with contextlib.suppress(Exception):
-                await node.pool.disconnect()
 
     # -- the protocol ----------------------------------------------------------------------
 

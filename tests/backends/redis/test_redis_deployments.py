@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Grant, Request
+from aiodlock.backends.redis._deployments import ClusterLinks
 
 from .conftest import ClusterDeployment, SentinelDeployment
 from .redis_helpers import HANG, ClientFactory, backend_of, eventually
@@ -124,9 +125,11 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
 def master_port(client: aiodlock.Client, name: str) -> int:
     """The port of the master that serves lock ``name``'s slot, as ``client`` knows it."""
     backend = backend_of(client)
-    cluster = backend.client
-    assert isinstance(cluster, RedisCluster)
-    return int(cluster.get_node_from_key(backend.keys_for(name).lock).port)
+    cluster = backend.node.links
+    assert isinstance(cluster, ClusterLinks)
+    address = cluster.address_of(backend.keys_for(name).lock)
+    assert address is not None
+    return address.port
 
 
 async def test_cluster_locks_on_every_node(
@@ -136,9 +139,9 @@ async def test_cluster_locks_on_every_node(
     a = await make_client(url)
     b = await make_client(url)
     names = [f"c:{i}" for i in range(30)] + ["{", "}", "a{b}c", "ünï {x}"]
-    cluster = backend_of(a).client
-    assert isinstance(cluster, RedisCluster)
-    nodes = {cluster.get_node_from_key(backend_of(a).keys_for(name).lock).name for name in names}
+    cluster = backend_of(a).node.links
+    assert isinstance(cluster, ClusterLinks)
+    nodes = {cluster.address_of(backend_of(a).keys_for(name).lock) for name in names}
     assert len(nodes) == 3  # the names land on all three masters
     for name in names:
         await a.lock(name).acquire()

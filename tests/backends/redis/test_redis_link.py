@@ -11,8 +11,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
 import aiodlock
+from aiodlock.backends.redis._deployments import ClusterLinks, connect_deployment
+from aiodlock.backends.redis._node import ServerLinks
 from aiodlock.backends.redis._scripts import RELEASE, LockKeys
-from aiodlock.backends.redis._wire import CallTemplate, EvalPacker, ScriptCall, pack
+from aiodlock.backends.redis._wire import Address, CallTemplate, EvalPacker, Link, ScriptCall, pack
 
 from .redis_helpers import HANG, ClientFactory, backend_of
 
@@ -66,18 +68,32 @@ def test_a_call_template_packs_the_same_bytes_as_a_call(slot: int) -> None:
         assert call.keys == k
 
 
-def test_the_link_is_used_only_where_nothing_needs_redis_py() -> None:
-    def link_of(url: str, **options: Any) -> bool:
-        return backend_of(aiodlock.connect(url, **options))._build_link() is not None
+def test_every_deployment_speaks_over_links() -> None:
+    # (Until 2026-11-25 Sentinel, Cluster, sync_replicas and client= went through redis-py.)
+    def links_of(url: str, **options: Any) -> tuple[Any, Link]:
+        backend = backend_of(aiodlock.connect(url, **options))
+        links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+        return links, pubsub
 
-    assert link_of("redis://127.0.0.1:6390/0")
-    assert link_of("unix:///tmp/some.sock")
-    assert link_of("rediss://127.0.0.1:6390/0")  # (with redis-py's SSL context)
-    assert not link_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT blocks a connection
-    assert not link_of("redis+sentinel://127.0.0.1:26379/mymaster")
-    assert not link_of("redis+cluster://127.0.0.1:7000")
-    mine = aioredis.Redis()
-    assert not link_of("redis://", client=mine)
+    for url in (
+        "redis://127.0.0.1:6390/0",
+        "unix:///tmp/some.sock",
+        "rediss://127.0.0.1:6390/0",
+        "redis+sentinel://127.0.0.1:26379/mymaster",
+    ):
+        links, pubsub = links_of(url)
+        assert isinstance(links, ServerLinks)
+        assert isinstance(links.link, Link)
+        assert isinstance(pubsub, Link)
+    links, pubsub = links_of("redis+cluster://127.0.0.1:7000")
+    assert isinstance(links, ClusterLinks)
+    assert isinstance(pubsub, Link)
+    links, _ = links_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT: its own link
+    assert isinstance(links, ServerLinks)
+    mine = aioredis.Redis(host="127.0.0.1", port=6390, db=3)
+    links, _ = links_of("redis://", client=mine)  # its settings, our connection
+    assert isinstance(links, ServerLinks)
+    assert links.link.address == Address("127.0.0.1", 6390)
 
 
 async def test_many_tasks_share_one_connection(

@@ -15,6 +15,8 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request
+from aiodlock.backends.redis._deployments import connect_deployment
+from aiodlock.backends.redis._node import ServerLinks
 from aiodlock.backends.redis._scripts import ALL_SCRIPTS, LockKeys, escape_name
 from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import RedisServer, free_port
@@ -244,11 +246,12 @@ async def test_renew_is_one_pipeline_for_many_grants(client: aiodlock.Client) ->
         await backend.release(grant)
 
 
-def test_driver_retries_are_off() -> None:
-    backend = aiodlock.connect("redis://127.0.0.1:1/0").backend
-    kwargs = backend_of_unopened(backend)._connection_kwargs()
-    assert kwargs["retry"].get_retries() == 0
-    assert kwargs["socket_timeout"] is None  # bounded by op_timeout on our side
+def test_calls_are_bounded_by_op_timeout_on_our_side() -> None:
+    # (no driver and its retries in between: a link sends once, its timer bounds the call)
+    backend = backend_of_unopened(aiodlock.connect("redis://127.0.0.1:1/0", op_timeout=0.7).backend)
+    links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+    assert isinstance(links, ServerLinks)
+    assert links.link.op_timeout == pubsub.op_timeout == 0.7
 
 
 def backend_of_unopened(backend: Any) -> Any:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends._base import Busy, Request
+from aiodlock.backends.redis._wire import Address
 
 from .redis_helpers import HANG, ClientFactory, backend_of, eventually, keys_of
 
@@ -146,10 +147,10 @@ async def test_waiters_poll_while_pubsub_is_unavailable(make_client: ClientFacto
     b = await make_client()
     backend = backend_of(b)
 
-    async def broken() -> object:
+    async def broken() -> Address:
         raise ConnectionError("pub/sub unavailable in this test")
 
-    backend._pubsub_connection = broken  # type: ignore[method-assign]
+    backend.hub.link.address = broken
     await a.lock("poll").acquire()
     waiting = asyncio.create_task(b.lock("poll").acquire(timeout=HANG))
     await asyncio.sleep(0.05)
