@@ -283,3 +283,44 @@ class BoardWaiter:
             slot.event = Wakeup()
             if self._backoff is not None:
                 self._backoff.reset()
+
+
+class Timer:
+    """ONE loop timer for any number of deadlines (on :func:`monotonic`).
+
+    :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
+    comparison); when it fires it calls ``due(now)``, which handles whatever is due and
+    returns the next deadline, or None to rest until :meth:`at` is called again.  A timer
+    per request (armed, then cancelled when the answer comes a fraction of a millisecond
+    later) costs a heap push and a cancellation each time; this costs one per earliest
+    deadline.
+    """
+
+    __slots__ = ("_handle", "_when", "due")
+
+    def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
+        self.due = due
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0.0
+
+    def at(self, when: float) -> None:
+        """Fire at ``when`` at the latest."""
+        handle = self._handle
+        if handle is not None:
+            if when >= self._when:
+                return
+            handle.cancel()
+        self._when = when
+        loop = asyncio.get_running_loop()
+        self._handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        when = self.due(monotonic())
+        if when is not None:
+            self.at(when)

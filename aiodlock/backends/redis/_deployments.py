@@ -366,7 +366,7 @@ class ClusterLinks:
         """The master that serves ``key``'s slot, as far as known."""
         return self._slots[key_slot(key)]
 
-    def _link(self, address: Address) -> Link:
+    def link_to(self, address: Address) -> Link:
         link = self._links.get(address)
         if link is None:
             link = self._links[address] = self._make_link(address, "redis")
@@ -378,7 +378,7 @@ class ClusterLinks:
         known = [a for a in dict.fromkeys(self._slots) if a is not None]
         failures = []
         for address in dict.fromkeys([*known, *self._seeds]):
-            reply = await self._link(address).call(pack(b"CLUSTER", b"SLOTS"))
+            reply = await self.link_to(address).call(pack(b"CLUSTER", b"SLOTS"))
             if isinstance(reply, list) and reply:
                 self._apply(reply, address)
                 return
@@ -429,14 +429,15 @@ class ClusterLinks:
     def _send(self, call: ScriptCall, deliver: OnReply, hops: int, asking: Address | None) -> None:
         answered = functools.partial(self._answered, call, deliver, hops)
         if asking is not None:
-            self._link(asking).send(pack(b"ASKING") + call.data, [_ignore, answered], [None, call])
+            data = pack(b"ASKING") + call.data
+            self.link_to(asking).send(data, [_ignore, answered], [None, call])
             return
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
             self.stale()
             deliver(SlotUncovered(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
             return
-        self._link(address).eval(call, answered)
+        self.link_to(address).eval(call, answered)
 
     def _answered(self, call: ScriptCall, deliver: OnReply, hops: int, reply: Any) -> None:
         if type(reply) is ReplyError:
@@ -486,7 +487,7 @@ class ClusterLinks:
                 for i in indexes
             ]
             data = b"".join(calls[i].data for i in indexes)
-            self._link(address).send(data, callbacks, [calls[i] for i in indexes])
+            self.link_to(address).send(data, callbacks, [calls[i] for i in indexes])
 
     def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
         address = self._slots[key_slot(call.keys[0])]
@@ -515,7 +516,7 @@ class ClusterLinks:
     async def ping(self) -> None:
         await self.refresh()
         masters = [a for a in dict.fromkeys(self._slots) if a is not None]
-        replies = await asyncio.gather(*(self._link(a).call(pack(b"PING")) for a in masters))
+        replies = await asyncio.gather(*(self.link_to(a).call(pack(b"PING")) for a in masters))
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply

@@ -178,8 +178,6 @@ class RedisNode:
         self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
             transfer_template
         )
-        #: Round trips started (a pipeline counts once): for tests and curious users.
-        self.round_trips = 0
 
     @property
     def link(self) -> Link | None:
@@ -217,7 +215,6 @@ class RedisNode:
 
     def start(self, call: ScriptCall) -> asyncio.Future[Any]:
         """Send ``call`` now; :meth:`finish` gets its answer (never raises)."""
-        self.round_trips += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._eval(call, resolver(future))
         return future
@@ -234,7 +231,6 @@ class RedisNode:
         return self.finish(self.start(script_call), script_call.script.name)
 
     async def _run_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
-        self.round_trips += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.links.eval_many(calls, resolver(future))
         return await self.finish(future, what)  # type: ignore[no-any-return]
@@ -268,7 +264,6 @@ class RedisNode:
         return self._acquire_synced(keys, owner, call)
 
     async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
-        self.round_trips += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.links.eval_wait(call, self._wait, resolver(future))
         reply, acks = await self.finish(future, call.script.name)
@@ -339,7 +334,6 @@ class RedisNode:
 
     async def ping(self) -> None:
         """Check that the servers answer (and that we may talk to them)."""
-        self.round_trips += 1
         try:
             await self.links.ping()
         except Exception as exc:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import describe
-from ..._wakeup import Backoff, WakeupBoard
+from ..._wakeup import Backoff, Timer, WakeupBoard
 from .._base import monotonic
 from ._wire import Link, NodeConnectionError, PushPipe, pack
 
@@ -58,33 +58,29 @@ class _Silence:
     thing read it sends PING; when nothing has come ``patience`` seconds later, it closes
     the connection.  One timer per connection, not a timeout per message read."""
 
-    __slots__ = ("_handle", "_interval", "_patience", "_pipe")
+    __slots__ = ("_interval", "_patience", "_pipe", "_sent", "timer")
 
     def __init__(self, pipe: PushPipe, interval: float, patience: float) -> None:
         self._pipe = pipe
         self._interval = interval
         self._patience = patience
-        self._handle = asyncio.get_running_loop().call_later(interval, self._quiet)
+        self._sent: float | None = None  # when the unanswered PING went
+        self.timer = Timer(self._due)
+        self.timer.at(monotonic() + interval)
 
-    def _quiet(self) -> None:
-        """Due ``interval`` after the last read, unless something came since."""
-        loop = asyncio.get_running_loop()
-        left = self._pipe.last + self._interval - monotonic()
-        if left > 0:
-            self._handle = loop.call_later(left, self._quiet)
-            return
-        self._pipe.write(pack(b"PING"))
-        self._handle = loop.call_later(self._patience, self._answered, monotonic())
-
-    def _answered(self, sent: float) -> None:
-        """Due ``patience`` after a PING."""
-        if self._pipe.last >= sent:
-            self._quiet()
-            return
-        self._pipe.close(NodeConnectionError(f"no answer to PING within {self._patience} s"))
-
-    def stop(self) -> None:
-        self._handle.cancel()
+    def _due(self, now: float) -> float | None:
+        pipe = self._pipe
+        if self._sent is not None:
+            if pipe.last < self._sent:
+                pipe.close(NodeConnectionError(f"no answer to PING within {self._patience} s"))
+                return None
+            self._sent = None
+        quiet_until = pipe.last + self._interval
+        if quiet_until > now:
+            return quiet_until
+        pipe.write(pack(b"PING"))
+        self._sent = now
+        return now + self._patience
 
 
 class PubSubHub:
@@ -126,8 +122,7 @@ class PubSubHub:
         self._closed = False
         #: Seconds a subscription outlives its last local waiter.
         self.linger = 1.0
-        #: Connections made so far (the first one included): for tests.
-        self.connections = 0
+        self._served = False  # a connection was made before (so messages may be missed)
         #: Set while connected.
         self.connected = asyncio.Event()
 
@@ -268,7 +263,7 @@ class PubSubHub:
         # NOTE: no await between collecting the wanted channels and publishing the
         # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
         wanted = [ch for ch, st in self._channels.items() if st.wanted]
-        reconnect = self.connections > 0
+        reconnect, self._served = self._served, True
         for channel in wanted:
             state = self._channels[channel]
             state.requested = True
@@ -280,7 +275,6 @@ class PubSubHub:
         self._pipe = pipe
         if wanted:
             self._send(b"SUBSCRIBE", *wanted)
-        self.connections += 1
         self.connected.set()
         if reconnect and self._on_reconnect is not None:
             # The server may have restarted or failed over: so may the command connections.
@@ -290,7 +284,7 @@ class PubSubHub:
         try:
             raise await asyncio.shield(pipe.lost)
         finally:
-            silence.stop()
+            silence.timer.cancel()
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:

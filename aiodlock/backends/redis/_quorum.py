@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final
 
 from ..._errors import BackendError, BackendTimeout, describe, translating
+from ..._wakeup import Timer
 from .._base import monotonic
 from ._pubsub import PubSubHub
 from ._scripts import Memo
@@ -168,7 +169,7 @@ class Quorum:
         operation.)
         """
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = monotonic()
         if patience is None or patience >= timeout or not gather.decidable:
             return gather.until(self.expiries(loop, timeout), started + timeout, armed=False)
         if patience > 0:
@@ -314,10 +315,9 @@ class Gather:
             self.yes >= self.need or self.no > self.spare if self.counted else self.enough()
         ):
             return
-        loop = queue.loop
-        if deadline <= loop.time():
+        if deadline <= monotonic():
             return
-        self.waiter = waiter = loop.create_future()
+        self.waiter = waiter = queue.loop.create_future()
         queue.add(deadline, waiter)
         try:
             await waiter
@@ -406,19 +406,17 @@ class Votes(Gather):
 class Expiries:
     """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer.
 
-    A timer per fan-out (armed, then cancelled when the nodes answer a fraction of a
-    millisecond later) costs a heap push and a cancellation on every lock operation.  The
-    fan-outs of one timeout expire in the order they started, so a FIFO of their deadlines
-    and futures is enough: the timer is armed for the oldest one still waiting, and one
-    timer then serves every fan-out of a whole ``timeout`` window.
+    The fan-outs of one timeout expire in the order they started, so a FIFO of their
+    deadlines and futures is enough: the timer fires for the oldest one still waiting, and
+    one timer then serves every fan-out of a whole ``timeout`` window.
     """
 
-    __slots__ = ("entries", "handle", "loop")
+    __slots__ = ("entries", "loop", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.entries: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
-        self.handle: asyncio.TimerHandle | None = None
+        self.timer = Timer(self._due)
 
     def add(self, deadline: float, waiter: asyncio.Future[None]) -> None:
         entries = self.entries
@@ -429,21 +427,18 @@ class Expiries:
         if len(entries) >= 1024:
             self.entries = entries = collections.deque(e for e in entries if not e[1].done())
         entries.append((deadline, waiter))
-        if self.handle is None:
-            self.handle = self.loop.call_at(deadline, self._fire)
+        self.timer.at(deadline)
 
-    def _fire(self) -> None:
-        self.handle = None
-        now = self.loop.time()
+    def _due(self, now: float) -> float | None:
         entries = self.entries
         while entries:
             deadline, waiter = entries[0]
             if not waiter.done():
                 if deadline > now:
-                    self.handle = self.loop.call_at(deadline, self._fire)
-                    return
+                    return deadline
                 waiter.set_result(None)
             entries.popleft()
+        return None
 
 
 def any_answer(index: int, reply: Any) -> bool | None:

@@ -122,8 +122,6 @@ class LocalWaiting:
         #: Non-fair waiters of this process by name then owner, oldest first: a release
         #: hands the lock straight to one of them.
         self.local: dict[str, dict[str, HubWaiter]] = {}
-        #: Same-process hand-offs done in one round trip (for tests and curious users).
-        self.transfers = 0
 
     # -- an attempt ------------------------------------------------------------------------
 
@@ -235,7 +233,6 @@ class LocalWaiting:
             waiter.delivered = Grant(
                 grant.name, waiter.owner, value, started + ttl, GrantData(keys, str(value), False)
             )
-            self.transfers += 1
         waiter.transfer = None
         done.set()
         if value > 0:

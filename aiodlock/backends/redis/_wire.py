@@ -32,6 +32,7 @@ from typing import Any, Final
 import hiredis
 
 from ..._errors import BackendTimeout
+from ..._wakeup import Timer
 from .._base import monotonic
 from ._scripts import Memo, Script
 
@@ -189,7 +190,7 @@ class Pipe(asyncio.Protocol):
     def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
         self.label = label
         self.op_timeout = op_timeout
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
         #: One entry per unanswered request, oldest first: its callback, its script
@@ -231,26 +232,19 @@ class Pipe(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
 
-    def _check(self) -> None:
+    def _due(self, now: float) -> float | None:
         """The timer: give up when the oldest request waited ``op_timeout``."""
-        self._timer = None
         oldest = self.oldest()
         if oldest is None or self.broken is not None or self.op_timeout is None:
-            return
+            return None
         due = oldest + self.op_timeout
-        if monotonic() >= due:
-            self.close(BackendTimeout(f"{self.label}: no answer within {self.op_timeout:g} s"))
-            return
-        self._arm(due)
-
-    def _arm(self, due: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + max(0.0, due - monotonic()), self._check)
+        if now < due:
+            return due
+        self.close(BackendTimeout(f"{self.label}: no answer within {self.op_timeout:g} s"))
+        return None
 
     def _fail(self, error: BaseException) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         if self.broken is None:
             self.broken = error
         waiting = [entry[0] for entry in self._waiting]
@@ -289,8 +283,8 @@ class Pipe(asyncio.Protocol):
             self._waiting.extend(
                 [(callback, call, now) for callback, call in zip(callbacks, calls, strict=True)]
             )
-        if self._timer is None and self.op_timeout is not None:
-            self._arm(now + self.op_timeout)
+        if self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
@@ -304,8 +298,8 @@ class Pipe(asyncio.Protocol):
             return
         now = monotonic()
         self._waiting.append((callback, call, now))
-        if self._timer is None and self.op_timeout is not None:
-            self._arm(now + self.op_timeout)
+        if self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
@@ -426,8 +420,6 @@ class Link:
         self.pipe: Pipe | None = None
         self._connecting: asyncio.Task[Pipe] | None = None
         self.closed = False
-        #: Connections made so far (for tests and the curious).
-        self.connections = 0
 
     def __repr__(self) -> str:
         return f"<Link {self.label}>"
@@ -548,7 +540,6 @@ class Link:
                     f"no connection within {self.connect_timeout:g} s"
                 ) from exc
             raise
-        self.connections += 1
         return pipe
 
     async def _handshake(self, pipe: Pipe) -> None:

@@ -61,11 +61,6 @@ class RedisBackend(Backend):
     def describe(self) -> str:
         return self.settings.shown
 
-    @property
-    def transfers(self) -> int:
-        """Same-process hand-offs done in one round trip (for tests and curious users)."""
-        return self.waiting.transfers
-
     # -- lifecycle -------------------------------------------------------------------------
 
     @property

@@ -16,7 +16,7 @@ from aiodlock.backends.redis._node import ServerLinks
 from aiodlock.backends.redis._scripts import RELEASE, LockKeys
 from aiodlock.backends.redis._wire import Address, CallTemplate, EvalPacker, Link, ScriptCall, pack
 
-from .redis_helpers import HANG, ClientFactory, backend_of
+from .redis_helpers import HANG, ClientFactory, backend_of, connection_ids, writes
 
 pytestmark = pytest.mark.redis
 
@@ -102,6 +102,7 @@ async def test_many_tasks_share_one_connection(
     client = await make_client(client_name=f"{namespace}-link")
     link = backend_of(client).node.link
     assert link is not None
+    first = await connection_ids(raw, f"{namespace}-link")  # (made by open())
 
     async def cycle(i: int) -> None:
         for _ in range(5):
@@ -109,7 +110,7 @@ async def test_many_tasks_share_one_connection(
                 await asyncio.sleep(0)
 
     await asyncio.gather(*(cycle(i) for i in range(64)))
-    assert link.connections == 1
+    assert await connection_ids(raw, f"{namespace}-link") == first  # the same one connection
     listed = (await raw.execute_command("CLIENT", "LIST")).decode()
     named = [line for line in listed.splitlines() if f"name={namespace}-link" in line]
     assert len(named) == 1, named  # the link; no pub/sub connection was needed
@@ -120,18 +121,18 @@ async def test_the_release_is_on_the_wire_before_the_bookkeeping(
 ) -> None:
     client = await make_client()
     node = backend_of(client).node
-    seen: list[tuple[int, int]] = []
+    seen: list[int] = []
 
     class Watch(aiodlock.Observer):
         def on_released(self, lease: aiodlock.Lease, held: float) -> None:
-            seen.append((before, node.round_trips))
+            seen.append(len(sent))
 
     client.add_observer(Watch())
     lock = client.lock("early")
     await lock.acquire()
-    before = node.round_trips
-    await lock.release()
-    assert seen == [(before, before + 1)]  # sent, then the observers ran
+    with writes(node.link) as sent:
+        await lock.release()
+    assert seen == [1]  # sent, then the observers ran
     assert await lock.try_acquire() is not None  # and it was released
     await lock.release()
 
@@ -139,27 +140,27 @@ async def test_the_release_is_on_the_wire_before_the_bookkeeping(
 async def test_an_error_reply_is_a_backend_error_and_the_link_goes_on(
     make_client: ClientFactory, raw: aioredis.Redis, namespace: str
 ) -> None:
-    client = await make_client()
+    client = await make_client(client_name=f"{namespace}-wrong")
+    first = await connection_ids(raw, f"{namespace}-wrong")
     await raw.set(f"{namespace}:{{wrongtype}}", "a string, not a hash")
     with pytest.raises(aiodlock.BackendError) as info:
         await client.lock("wrongtype").acquire(timeout=1)
     assert "WRONGTYPE" in str(info.value)
     async with client.lock("fine") as lease:
         assert lease.token >= 1
-    link = backend_of(client).node.link
-    assert link is not None
-    assert link.connections == 1
+    assert len(first) == 1
+    assert await connection_ids(raw, f"{namespace}-wrong") == first  # the link goes on
 
 
 async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
-    redis_factory: Any, make_client: ClientFactory
+    redis_factory: Any, make_client: ClientFactory, raw_factory: Any
 ) -> None:
     server = redis_factory()
-    client = await make_client(server.url, op_timeout=0.5)
-    link = backend_of(client).node.link
-    assert link is not None
+    client = await make_client(server.url, op_timeout=0.5, client_name="stalled")
     async with client.lock("warm"):
         pass
+    raw = raw_factory(server.url)
+    first = await connection_ids(raw, "stalled")
     await asyncio.to_thread(server.pause)
     try:
         started = time.monotonic()
@@ -173,4 +174,6 @@ async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
         await asyncio.to_thread(server.resume)
     async with client.lock("after", timeout=HANG) as lease:  # a new connection, same client
         assert lease.token >= 1
-    assert link.connections == 2
+    now = await connection_ids(raw, "stalled")
+    assert len(first) == len(now) == 1
+    assert now != first  # the stalled connection was given up, one new one made

@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request, monotonic
 from aiodlock.backends.redis import RedisBackend
+from aiodlock.backends.redis._scripts import RELEASE_TRANSFER
 from aiodlock.backends.redis._waiting import HubWaiter
 
-from .redis_helpers import HANG, ClientFactory, backend_of, eventually
+from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, port_of
 
 pytestmark = pytest.mark.redis
 
@@ -78,14 +79,16 @@ async def test_a_same_process_handoff_is_one_round_trip(
     holder = await client.lock("one-trip").acquire()
     waiting = _Holder(client.lock("one-trip"), HANG)
     await eventually(lambda: _idle_waiter(backend, "one-trip"), what="a local waiter")
-    trips = backend.node.round_trips
     calls = await _script_calls(raw)
-    await client.lock("one-trip").release()
-    lease = await waiting.result()
+    async with Monitor(raw) as monitor:
+        port = port_of(backend.node.link)
+        await client.lock("one-trip").release()
+        lease = await waiting.result()
+        await monitor.sync()
     # The release script handed it over; the woken waiter took it without asking again.
-    assert backend.node.round_trips - trips == 1
+    assert monitor.scripts(port) == 1
     assert await _script_calls(raw) - calls == 1
-    assert backend.transfers == 1
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert lease.token == holder.token + 1
     assert await raw.hgetall(_lock_key(namespace, "one-trip")) == {
         lease.owner.encode(): str(lease.token).encode()
@@ -139,13 +142,15 @@ async def test_a_waiter_leaving_while_the_handoff_is_in_flight_releases_it(
 
     monkeypatch.setattr(node, "release_transfer", slow)
     request = Request("in-flight", "me:2", 30.0)
-    async with backend.waiter(request):
-        releasing = asyncio.create_task(backend.release(grant))
-        await asyncio.wait_for(sent.wait(), HANG)
-        # Leave now: the exit waits for the answer, then gives the delivered lock back.
-        asyncio.get_running_loop().call_soon(go_on.set)
-    assert await asyncio.wait_for(releasing, HANG) is True
-    assert backend.transfers == 1
+    async with Monitor(raw) as monitor:
+        async with backend.waiter(request):
+            releasing = asyncio.create_task(backend.release(grant))
+            await asyncio.wait_for(sent.wait(), HANG)
+            # Leave now: the exit waits for the answer, then gives the delivered lock back.
+            asyncio.get_running_loop().call_soon(go_on.set)
+        assert await asyncio.wait_for(releasing, HANG) is True
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.exists(_lock_key(namespace, "in-flight")) == 0
     assert await other.lock("in-flight").try_acquire() is not None
 
@@ -168,10 +173,12 @@ async def test_a_waiter_cancelled_right_after_the_handoff_leaves_no_lock(
         return value
 
     monkeypatch.setattr(node, "release_transfer", then_cancel)
-    await client.lock("cancelled").release()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(waiting, HANG)
-    assert backend.transfers == 1
+    async with Monitor(raw) as monitor:
+        await client.lock("cancelled").release()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, HANG)
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.exists(_lock_key(namespace, "cancelled")) == 0
     assert await other.lock("cancelled").try_acquire() is not None
 
@@ -197,9 +204,11 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
         return value
 
     monkeypatch.setattr(node, "release_transfer", late)
-    await client.lock("late").release()
-    lease = await waiting.result()
-    assert backend.transfers == 1
+    async with Monitor(raw) as monitor:
+        await client.lock("late").release()
+        lease = await waiting.result()
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.hgetall(_lock_key(namespace, "late")) == {
         lease.owner.encode(): str(lease.token).encode()
     }
@@ -209,7 +218,7 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
 
 
 async def test_the_waiter_takes_the_delivered_grant_without_a_round_trip(
-    client: aiodlock.Client,
+    client: aiodlock.Client, raw: aioredis.Redis
 ) -> None:
     backend = backend_of(client)
     grant = await _hold(backend, "taken", "me:1")
@@ -217,10 +226,10 @@ async def test_the_waiter_takes_the_delivered_grant_without_a_round_trip(
     async with backend.waiter(request):
         before = monotonic()
         assert await backend.release(grant) is True
-        trips = backend.node.round_trips
+        trips = await _script_calls(raw)
         got = await backend.try_acquire(request, will_wait=True)
         assert isinstance(got, Grant)
-        assert backend.node.round_trips == trips
+        assert await _script_calls(raw) == trips
         assert got.token == grant.token + 1
         assert got.owner == "me:2"
         assert got.expires_at is not None
@@ -243,7 +252,8 @@ async def test_release_of_a_lease_no_longer_held_hands_nothing_over(
         assert await backend.release(grant) is False
         assert isinstance(waiter, HubWaiter)
         assert waiter.delivered is None
-    assert backend.transfers == 0
+    # nothing was handed over: no new grant counted
+    assert int(await raw.get(backend.keys_for("gone").counter)) == grant.token
     assert await raw.exists(_lock_key(namespace, "gone")) == 0
 
 
@@ -259,27 +269,31 @@ async def test_a_failed_transfer_falls_back_to_a_plain_release(
     monkeypatch.setattr(backend.node, "release_transfer", broken)
     waiting = _Holder(client.lock("fallback"), HANG)
     await eventually(lambda: _idle_waiter(backend, "fallback"), what="a local waiter")
-    await client.lock("fallback").release()
-    lease = await waiting.result()
+    async with Monitor(raw) as monitor:
+        await client.lock("fallback").release()
+        lease = await waiting.result()
+        await monitor.sync()
     assert lease.token == holder.token + 1
-    assert backend.transfers == 0
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 0
     assert await raw.hget(_lock_key(namespace, "fallback"), lease.owner) is not None
     await waiting.finish()
 
 
-async def test_fair_locks_keep_their_queue(client: aiodlock.Client) -> None:
+async def test_fair_locks_keep_their_queue(client: aiodlock.Client, raw: aioredis.Redis) -> None:
     backend = backend_of(client)
     await client.lock("fair", fair=True).acquire()
     waiting = asyncio.create_task(client.lock("fair", fair=True).acquire(timeout=HANG))
     await eventually(lambda: len(backend.waiting.waiters) == 1, what="a fair waiter")
     assert "fair" not in backend.waiting.local
-    await client.lock("fair", fair=True).release()
-    await asyncio.wait_for(waiting, HANG)
-    assert backend.transfers == 0
+    async with Monitor(raw) as monitor:
+        await client.lock("fair", fair=True).release()
+        await asyncio.wait_for(waiting, HANG)
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 0
 
 
 async def test_tokens_increase_and_nobody_overlaps_under_contention(
-    make_client: ClientFactory,
+    make_client: ClientFactory, raw: aioredis.Redis
 ) -> None:
     clients = [await make_client(), await make_client()]
     inside = 0
@@ -298,17 +312,19 @@ async def test_tokens_increase_and_nobody_overlaps_under_contention(
                 inside -= 1
 
     workers = [worker(c, 30) for c in clients for _ in range(6)]
-    await asyncio.wait_for(asyncio.gather(*workers), HANG * 3)
+    async with Monitor(raw) as monitor:
+        await asyncio.wait_for(asyncio.gather(*workers), HANG * 3)
+        await monitor.sync()
     assert overlaps == 0
     assert len(tokens) == 12 * 30
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
-    assert sum(backend_of(c).transfers for c in clients) > 0
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) > 0  # hand-offs
     for client in clients:
         assert not backend_of(client).waiting.local
 
 
 async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
-    client: aiodlock.Client,
+    client: aiodlock.Client, raw: aioredis.Redis
 ) -> None:
     # Waiters that are asleep when the release comes get the lock in one round trip: with
     # 4 tasks each holding the lock in turn, most owner changes are hand-offs.
@@ -321,9 +337,11 @@ async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
                 tokens.append(lease.token)
                 await asyncio.sleep(0.001)
 
-    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
+    async with Monitor(raw) as monitor:
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
+        await monitor.sync()
     assert all(a < b for a, b in itertools.pairwise(tokens))
-    assert backend.transfers >= 20
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) >= 20
     assert not backend.waiting.local
     assert await backend.status("turns") is None
 
