@@ -29,17 +29,14 @@ BUILTIN: dict[str, str] = {
     "rediss+sentinel": "aiodlock.backends.redis:RedisBackend",
     "redis+cluster": "aiodlock.backends.redis:RedisBackend",
     "rediss+cluster": "aiodlock.backends.redis:RedisBackend",
-    "redlock": "aiodlock.backends.redlock:RedlockBackend",
+    "redlock": "aiodlock.backends.redis:RedlockBackend",
     "zookeeper": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
 }
 
-#: The pip extra that brings a backend module's driver.
-EXTRAS: dict[str, str] = {
-    "aiodlock.backends.redis": "redis",
-    "aiodlock.backends.redlock": "redlock",
-    "aiodlock.backends.zookeeper": "zookeeper",
-}
+#: The pip extra that brings a scheme's driver (the scheme's own name where it has one).
+EXTRAS: dict[str, str] = {"redlock": "redlock", "zookeeper": "zookeeper", "zk": "zookeeper"}
+EXTRAS.update(dict.fromkeys([s for s in BUILTIN if s.startswith(("redis", "unix"))], "redis"))
 
 
 def _entry_points() -> dict[str, str]:
@@ -71,7 +68,7 @@ def load_backend(scheme: str) -> type[Backend]:
             raise ConfigurationError(
                 f"the {scheme!r} backend is not available in this version of aiodlock"
             ) from exc
-        extra = EXTRAS.get(module_name)
+        extra = EXTRAS.get(scheme)
         hint = f'pip install "aiodlock[{extra}]"' if extra else "install its driver"
         raise ConfigurationError(
             f"the {scheme!r} backend needs the package {exc.name!r}: {hint}"

@@ -117,12 +117,14 @@ class Wakeup:
 class Slot:
     """One local waiter's place on a :class:`WakeupBoard`."""
 
-    __slots__ = ("event", "key", "name")
+    __slots__ = ("event", "key", "name", "tag")
 
-    def __init__(self, name: str = "", key: int = 0) -> None:
+    def __init__(self, name: str = "", key: int = 0, tag: object = None) -> None:
         self.event = Wakeup()
         self.name = name
         self.key = key
+        #: What names this waiter in a wake-up meant for it alone (see ``wake_tagged``).
+        self.tag = tag
 
 
 class WakeupBoard:
@@ -156,10 +158,10 @@ class WakeupBoard:
         finally:
             self.remove(slot)
 
-    def add(self, name: str) -> Slot:
+    def add(self, name: str, tag: object = None) -> Slot:
         """A new waiter of ``name``, the last in line; :meth:`remove` it when it leaves."""
         self._seq += 1
-        slot = Slot(name, self._seq)
+        slot = Slot(name, self._seq, tag)
         slots = self._slots.get(name)
         if slots is None:
             slots = self._slots[name] = collections.OrderedDict()
@@ -185,6 +187,21 @@ class WakeupBoard:
             if not slot.event.is_set():
                 slot.event.set()
                 return True
+        return False
+
+    def pending(self, name: str) -> bool:
+        """Is a wake-up on its way to a waiter of ``name`` (set, not consumed yet)?"""
+        slots = self._slots.get(name)
+        return slots is not None and any(slot.event.is_set() for slot in slots.values())
+
+    def wake_tagged(self, name: str, tag: object) -> bool:
+        """Wake the waiter of ``name`` added with ``tag``, if it waits here."""
+        slots = self._slots.get(name)
+        if slots:
+            for slot in slots.values():
+                if slot.tag == tag:
+                    slot.event.set()
+                    return True
         return False
 
     def wake_all(self, name: str) -> None:
@@ -283,3 +300,44 @@ class BoardWaiter(Waiter):
 
     def wake(self) -> None:
         self._slot.event.set()
+
+
+class Timer:
+    """ONE loop timer for any number of deadlines (on :func:`monotonic`).
+
+    :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
+    comparison); when it fires it calls ``due(now)``, which handles whatever is due and
+    returns the next deadline, or None to rest until :meth:`at` is called again.  A timer
+    per request (armed, then cancelled when the answer comes a fraction of a millisecond
+    later) costs a heap push and a cancellation each time; this costs one per earliest
+    deadline.
+    """
+
+    __slots__ = ("_handle", "_when", "due")
+
+    def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
+        self.due = due
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0.0
+
+    def at(self, when: float) -> None:
+        """Fire at ``when`` at the latest."""
+        handle = self._handle
+        if handle is not None:
+            if when >= self._when:
+                return
+            handle.cancel()
+        self._when = when
+        loop = asyncio.get_running_loop()
+        self._handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        when = self.due(monotonic())
+        if when is not None:
+            self.at(when)

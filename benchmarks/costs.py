@@ -7,7 +7,7 @@ alternate the variants:
   time from a raw blocking socket (no client library at all): two PINGs, the floor's
   ``SET NX PX`` + compare-and-delete script, aiodlock's acquire + release scripts;
 - ``transport``: the floor's two commands sent through redis-py's ``Connection`` and through
-  an asyncio protocol with the hiredis reader (aiodlock's ``_redis_wire.Pipe``), and
+  an asyncio protocol with the hiredis reader (aiodlock's ``redis._wire.Pipe``), and
   aiodlock's acquire + release scripts through the same protocol (the same client code:
   what differs is the server's work): wall time and this process's user/system CPU per
   cycle;
@@ -37,8 +37,8 @@ from typing import Any
 
 import hiredis
 
-from aiodlock.backends import _redis_scripts as scripts
-from aiodlock.backends._redis_wire import Pipe, ScriptCall, pack, resolver
+from aiodlock.backends.redis import _scripts as scripts
+from aiodlock.backends.redis._wire import Pipe, ScriptCall, pack, resolver
 
 from .server import redis_server, temporary_server
 

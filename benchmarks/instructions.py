@@ -42,8 +42,8 @@ VARIANTS = ("lib", "backend", "bare")
 async def _child(url: str, variant: str, cycles: int) -> None:
     import aiodlock
     from aiodlock.backends._base import Request
-    from aiodlock.backends._redis_scripts import ACQUIRE, RELEASE, LockKeys
-    from aiodlock.backends._redis_wire import ScriptCall
+    from aiodlock.backends.redis._scripts import ACQUIRE, RELEASE, LockKeys
+    from aiodlock.backends.redis._wire import ScriptCall
 
     async with aiodlock.connect(url) as client:
         lock = client.lock("instructions")

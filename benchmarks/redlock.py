@@ -69,10 +69,11 @@ def _hosts(url: str | None) -> list[tuple[str, int]]:
 
 
 def _sequential_backend_class() -> type[Any]:
-    from aiodlock.backends.redlock import _NO_ANSWER, RedlockBackend, _Gather
+    from aiodlock.backends.redis import RedlockBackend
+    from aiodlock.backends.redis._quorum import NO_ANSWER, Gather, Quorum
 
-    class SequentialRedlockBackend(RedlockBackend):
-        """aiodlock's Redlock asking the nodes one after the other (benchmark only).
+    class SequentialQuorum(Quorum):
+        """The fan-out asking the nodes one after the other (benchmark only).
 
         The same requests on the same connections; the next node is asked when the
         previous one answered (or its time ran out), and every node is asked (the classic
@@ -83,19 +84,26 @@ def _sequential_backend_class() -> type[Any]:
             super().__init__(*args)
             self._deferred: dict[int, tuple[Sequence[Any], Any]] = {}
 
-        def _start_fan_out(self, nodes: Sequence[Any], request: Any, gather: Any) -> None:
+        def start(self, nodes: Sequence[Any], request: Any, gather: Any) -> None:
             self._deferred[id(gather)] = (nodes, request)  # sent by the waiting half
 
-        async def _finish_fan_out(
+        async def finish(
             self, gather: Any, *, timeout: float, patience: float | None = None
         ) -> None:
             nodes, request = self._deferred.pop(id(gather))
             for index, node in enumerate(nodes):
-                one = _Gather(1)
-                super()._start_fan_out([node], request, one)
-                await super()._finish_fan_out(one, timeout=timeout)
-                if one.replies[0] is not _NO_ANSWER:
+                one = Gather(1)
+                super().start([node], request, one)
+                await super().finish(one, timeout=timeout)
+                if one.replies[0] is not NO_ANSWER:
                     gather.deliver(index, one.replies[0])
+
+    class SequentialRedlockBackend(RedlockBackend):
+        """aiodlock's Redlock asking the nodes one after the other (benchmark only)."""
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.fan = SequentialQuorum(self.quorum, self.secrets)
 
     return SequentialRedlockBackend
 

@@ -22,7 +22,7 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "memory": ("aiodlock.backends.memory", ()),
     "sqlite": ("aiodlock.backends.sqlite", ()),
     "redis": ("aiodlock.backends.redis", (pytest.mark.redis,)),
-    "redlock": ("aiodlock.backends.redlock", (pytest.mark.redis,)),
+    "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),

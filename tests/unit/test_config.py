@@ -163,8 +163,8 @@ def test_default_url_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 @pytest.mark.parametrize(
     ("scheme", "extra", "module"),
     [
-        ("redis", "redis", "redis"),
-        ("redlock", "redlock", "redis"),
+        ("redis", "redis", "hiredis"),
+        ("redlock", "redlock", "hiredis"),
         ("zookeeper", "zookeeper", "aiozk"),
     ],
 )

@@ -12,11 +12,21 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Grant, Request
+from aiodlock.backends.redis._deployments import ClusterLinks
 
 from .conftest import ClusterDeployment, SentinelDeployment
-from .redis_helpers import HANG, ClientFactory, backend_of, eventually
+from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, writes
 
 pytestmark = pytest.mark.redis
+
+
+def _script_then_wait(monitor: Monitor) -> bool:
+    """The server ran one acquire script and, next from that connection, one WAIT."""
+    runs = [c for c in monitor.commands if c["command"].upper().startswith("EVALSHA")]
+    if len(runs) != 1:
+        return False
+    sent = monitor.by(runs[0]["client_port"])
+    return sent.count("EVALSHA") == 1 and sent[-2:] == ["EVALSHA", "WAIT"]
 
 
 # -- Sentinel -----------------------------------------------------------------------------------
@@ -47,13 +57,13 @@ async def test_sentinel_locks_and_wakes(
 
 
 async def test_sentinel_with_sync_replicas(
-    sentinel_deployment: SentinelDeployment, make_client: ClientFactory
+    sentinel_deployment: SentinelDeployment, make_client: ClientFactory, raw_factory: Any
 ) -> None:
     a = await make_client(sentinel_deployment.url, sync_replicas=1, sync_timeout=1.0)
-    node = backend_of(a).node
-    before = node.round_trips
-    async with a.lock("sync") as lease:
-        assert node.round_trips == before + 1  # script and WAIT in one round trip
+    master = raw_factory(sentinel_deployment.master.url)
+    async with Monitor(master) as monitor, a.lock("sync") as lease:
+        await monitor.sync()
+        assert _script_then_wait(monitor)  # script and WAIT in one round trip
         assert lease.token >= 1
     too_many = await make_client(sentinel_deployment.url, sync_replicas=2, sync_timeout=0.2)
     with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):
@@ -124,9 +134,11 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
 def master_port(client: aiodlock.Client, name: str) -> int:
     """The port of the master that serves lock ``name``'s slot, as ``client`` knows it."""
     backend = backend_of(client)
-    cluster = backend.client
-    assert isinstance(cluster, RedisCluster)
-    return int(cluster.get_node_from_key(backend.keys_for(name).lock).port)
+    cluster = backend.node.links
+    assert isinstance(cluster, ClusterLinks)
+    address = cluster.address_of(backend.keys_for(name).lock)
+    assert address is not None
+    return address.port
 
 
 async def test_cluster_locks_on_every_node(
@@ -136,9 +148,9 @@ async def test_cluster_locks_on_every_node(
     a = await make_client(url)
     b = await make_client(url)
     names = [f"c:{i}" for i in range(30)] + ["{", "}", "a{b}c", "ünï {x}"]
-    cluster = backend_of(a).client
-    assert isinstance(cluster, RedisCluster)
-    nodes = {cluster.get_node_from_key(backend_of(a).keys_for(name).lock).name for name in names}
+    cluster = backend_of(a).node.links
+    assert isinstance(cluster, ClusterLinks)
+    nodes = {cluster.address_of(backend_of(a).keys_for(name).lock) for name in names}
     assert len(nodes) == 3  # the names land on all three masters
     for name in names:
         await a.lock(name).acquire()
@@ -183,10 +195,13 @@ async def test_cluster_fair_and_renewals_grouped_by_node(
         grant = await backend.try_acquire(Request(f"r:{i}", "owner:1", 5.0), will_wait=False)
         assert isinstance(grant, Grant)
         grants.append(grant)
-    before = backend.node.round_trips
-    started = time.monotonic()
-    results = await backend.renew(grants, 8.0)
-    assert backend.node.round_trips == before + 1  # one pipeline, split by node
+    cluster = backend.node.links
+    assert isinstance(cluster, ClusterLinks)
+    masters = {cluster.address_of(backend.keys_for(g.name).lock) for g in grants}
+    with writes(*(cluster.link_to(m) for m in masters if m is not None)) as sent:
+        started = time.monotonic()
+        results = await backend.renew(grants, 8.0)
+    assert len(sent) == len(masters) == 3  # one pipeline, split by node
     assert all(r is not None and r >= started + 8.0 for r in results)
     for grant in grants:
         assert await backend.release(grant)
@@ -230,19 +245,18 @@ async def test_cluster_ready_made_client(
 
 @pytest.mark.slow
 async def test_cluster_sync_replicas_waits_on_the_slots_master(
-    cluster_factory: Any, make_client: ClientFactory
+    cluster_factory: Any, make_client: ClientFactory, raw_factory: Any
 ) -> None:
     deployment: ClusterDeployment = cluster_factory()
     with_replica = deployment.nodes[0]
     await asyncio.to_thread(deployment.add_replica, with_replica)
     client = await make_client(deployment.url, sync_replicas=1, sync_timeout=0.3)
-    backend = backend_of(client)
     names = [f"n{i}" for i in range(40)]
     replicated = next(n for n in names if master_port(client, n) == with_replica.port)
     alone = next(n for n in names if master_port(client, n) != with_replica.port)
-    before = backend.node.round_trips
-    async with client.lock(replicated) as lease:
-        assert backend.node.round_trips == before + 1  # the script and WAIT: one pipeline
+    async with Monitor(raw_factory(with_replica.url)) as monitor, client.lock(replicated) as lease:
+        await monitor.sync()
+        assert _script_then_wait(monitor)  # the script and WAIT: one pipeline
         assert lease.token >= 1
     # the slot's master has no replica: the grant is not confirmed, and not kept
     with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):

@@ -16,7 +16,18 @@ import redis.asyncio as aioredis
 
 import aiodlock
 
-from .redis_helpers import HANG, ClientFactory, RawFactory, backend_of, eventually, keys_of
+from .redis_helpers import (
+    HANG,
+    ClientFactory,
+    Monitor,
+    RawFactory,
+    backend_of,
+    connection_ids,
+    eventually,
+    keys_of,
+    port_of,
+    writes,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -110,7 +121,7 @@ async def test_a_waiter_outlives_a_restart_and_gets_the_lock_it_freed(
 
 @pytest.mark.slow
 async def test_a_waiter_rides_out_a_paused_server(
-    redis_factory: Any, make_client: ClientFactory
+    redis_factory: Any, make_client: ClientFactory, raw_factory: RawFactory
 ) -> None:
     # The holder's fixed lease (0.6 s) ends while the server is paused (1.5 s): the waiter
     # wakes for it, its attempts time out (op_timeout 0.3 s) and are tried again, and once
@@ -119,9 +130,15 @@ async def test_a_waiter_rides_out_a_paused_server(
     holder = await make_client(server.url, op_timeout=0.3)
     other = await make_client(server.url, op_timeout=0.3, watchdog_ttl=10.0)
     lease = await holder.lock("stalled", ttl=0.6, on_lost="ignore").acquire()
-    waiting = asyncio.create_task(other.lock("stalled").acquire(timeout=HANG))
-    node = backend_of(other).node
-    await eventually(lambda: node.round_trips >= 2, what="waiter asleep")
+    async with Monitor(raw_factory(server.url)) as monitor:
+        port = port_of(backend_of(other).node.link)
+        waiting = asyncio.create_task(other.lock("stalled").acquire(timeout=HANG))
+
+        async def asleep() -> bool:
+            await monitor.sync()
+            return monitor.scripts(port) >= 2
+
+        await eventually(asleep, what="waiter asleep")
     await asyncio.to_thread(server.pause)
     try:
         await asyncio.sleep(1.5)
@@ -134,7 +151,7 @@ async def test_a_waiter_rides_out_a_paused_server(
 
 @pytest.mark.slow
 async def test_paused_server_gives_backend_errors_and_recovers(
-    redis_factory: Any, make_client: ClientFactory
+    redis_factory: Any, make_client: ClientFactory, raw_factory: RawFactory
 ) -> None:
     server = redis_factory()
     op_timeout = 0.4
@@ -142,11 +159,17 @@ async def test_paused_server_gives_backend_errors_and_recovers(
     other = await make_client(server.url, op_timeout=op_timeout)
     held = client.lock("paused")
     await held.acquire()
-    node = backend_of(other).node
-    before = node.round_trips
-    waiting = asyncio.create_task(other.lock("paused").acquire(timeout=HANG))
-    # asleep: one attempt, the subscription, one more attempt
-    await eventually(lambda: node.round_trips == before + 2, what="waiter asleep")
+    async with Monitor(raw_factory(server.url)) as monitor:
+        port = port_of(backend_of(other).node.link)
+        waiting = asyncio.create_task(other.lock("paused").acquire(timeout=HANG))
+
+        # asleep: one attempt, the subscription, one more attempt, and (once it has waited
+        # URGENT_AFTER) its attempt as an urgent waiter, which takes a place in line
+        async def asleep() -> bool:
+            await monitor.sync()
+            return monitor.scripts(port) == 3
+
+        await eventually(asleep, what="waiter asleep")
     await asyncio.to_thread(server.pause)
     try:
         for call in (
@@ -178,7 +201,7 @@ async def test_paused_server_gives_backend_errors_and_recovers(
 
 @pytest.mark.slow
 async def test_a_silent_pubsub_connection_is_noticed_by_its_ping_and_replaced(
-    redis_factory: Any, make_client: ClientFactory
+    redis_factory: Any, make_client: ClientFactory, raw_factory: RawFactory
 ) -> None:
     # A paused server keeps its TCP connections open: only the hub's PING, sent when the
     # connection has been quiet for ping_interval (1 s here) and unanswered within
@@ -186,11 +209,20 @@ async def test_a_silent_pubsub_connection_is_noticed_by_its_ping_and_replaced(
     # back, and the waiter is still woken by the next release.
     server = redis_factory()
     holder = await make_client(server.url, op_timeout=5.0)
-    waiter = await make_client(server.url, op_timeout=0.3, watchdog_ttl=3.0)
+    waiter = await make_client(
+        server.url, op_timeout=0.3, watchdog_ttl=3.0, client_name="quiet-waiter"
+    )
+    raw = raw_factory(server.url)
     hub = backend_of(waiter).hub
     await holder.lock("quiet").acquire()
     waiting = asyncio.create_task(waiter.lock("quiet").acquire(timeout=HANG))
-    await eventually(lambda: hub.channels() != [] and hub.connections == 1, what="subscribed")
+    first: list[int] = []
+
+    async def subscribed() -> bool:  # on its first pub/sub connection
+        first[:] = await connection_ids(raw, "quiet-waiter", "pubsub")
+        return hub.channels() != [] and len(first) == 1
+
+    await eventually(subscribed, what="subscribed")
     await asyncio.sleep(0.2)
     await asyncio.to_thread(server.pause)
     try:
@@ -198,7 +230,12 @@ async def test_a_silent_pubsub_connection_is_noticed_by_its_ping_and_replaced(
         await eventually(lambda: not hub.connected.is_set(), what="the hub noticed", timeout=5)
     finally:
         await asyncio.to_thread(server.resume)
-    await eventually(lambda: hub.connections >= 2 and hub.connected.is_set(), what="reconnected")
+
+    async def reconnected() -> bool:  # on another connection
+        now = await connection_ids(raw, "quiet-waiter", "pubsub")
+        return hub.connected.is_set() and len(now) == 1 and now != first
+
+    await eventually(reconnected, what="reconnected")
     assert not waiting.done()
     await holder.lock("quiet").release()
     lease = await asyncio.wait_for(waiting, HANG)
@@ -332,14 +369,14 @@ async def test_ten_thousand_leases_renewed_by_pipelined_batches(
     tasks = [asyncio.create_task(holder(i)) for i in range(holders)]
     await eventually(lambda: len(leases) == holders * per_holder, timeout=120, what="all held")
     all_held = time.monotonic()
-    round_trips = backend.node.round_trips
     tasks_alive = len(asyncio.all_tasks())
-    # One full renewal round: every lease renewed once.
-    await eventually(lambda: sum(calls) >= holders * per_holder, timeout=ttl * 3)
+    with writes(backend.node.link) as sent:
+        # One full renewal round: every lease renewed once.
+        await eventually(lambda: sum(calls) >= holders * per_holder, timeout=ttl * 3)
     elapsed = time.monotonic() - all_held
     assert not any(lease.lost for lease in leases)
     assert len(calls) <= 60, calls  # batches, not 10,000 calls
-    assert backend.node.round_trips - round_trips <= len(calls) + 5
+    assert len(sent) <= len(calls) + 5
     assert tasks_alive <= holders + 20  # no task per lease
     assert elapsed < ttl * 3
     release.set()

@@ -1,4 +1,4 @@
-"""The pipelined command connection of a plain Redis server (``_redis_wire.Link``)."""
+"""The pipelined command connection of a plain Redis server (``redis._wire.Link``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
 import aiodlock
-from aiodlock.backends._redis_scripts import RELEASE, LockKeys
-from aiodlock.backends._redis_wire import CallTemplate, EvalPacker, ScriptCall, pack
+from aiodlock.backends.redis._deployments import ClusterLinks, connect_deployment
+from aiodlock.backends.redis._node import ServerLinks
+from aiodlock.backends.redis._scripts import RELEASE, LockKeys
+from aiodlock.backends.redis._wire import Address, CallTemplate, EvalPacker, Link, ScriptCall, pack
 
-from .redis_helpers import HANG, ClientFactory, backend_of
+from .redis_helpers import HANG, ClientFactory, backend_of, connection_ids, writes
 
 pytestmark = pytest.mark.redis
 
@@ -66,18 +68,32 @@ def test_a_call_template_packs_the_same_bytes_as_a_call(slot: int) -> None:
         assert call.keys == k
 
 
-def test_the_link_is_used_only_where_nothing_needs_redis_py() -> None:
-    def link_of(url: str, **options: Any) -> bool:
-        return backend_of(aiodlock.connect(url, **options))._build_link() is not None
+def test_every_deployment_speaks_over_links() -> None:
+    # (Until 2026-11-25 Sentinel, Cluster, sync_replicas and client= went through redis-py.)
+    def links_of(url: str, **options: Any) -> tuple[Any, Link]:
+        backend = backend_of(aiodlock.connect(url, **options))
+        links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+        return links, pubsub
 
-    assert link_of("redis://127.0.0.1:6390/0")
-    assert link_of("unix:///tmp/some.sock")
-    assert link_of("rediss://127.0.0.1:6390/0")  # (with redis-py's SSL context)
-    assert not link_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT blocks a connection
-    assert not link_of("redis+sentinel://127.0.0.1:26379/mymaster")
-    assert not link_of("redis+cluster://127.0.0.1:7000")
-    mine = aioredis.Redis()
-    assert not link_of("redis://", client=mine)
+    for url in (
+        "redis://127.0.0.1:6390/0",
+        "unix:///tmp/some.sock",
+        "rediss://127.0.0.1:6390/0",
+        "redis+sentinel://127.0.0.1:26379/mymaster",
+    ):
+        links, pubsub = links_of(url)
+        assert isinstance(links, ServerLinks)
+        assert isinstance(links.link, Link)
+        assert isinstance(pubsub, Link)
+    links, pubsub = links_of("redis+cluster://127.0.0.1:7000")
+    assert isinstance(links, ClusterLinks)
+    assert isinstance(pubsub, Link)
+    links, _ = links_of("redis://127.0.0.1:6390/0", sync_replicas=1)  # WAIT: its own link
+    assert isinstance(links, ServerLinks)
+    mine = aioredis.Redis(host="127.0.0.1", port=6390, db=3)
+    links, _ = links_of("redis://", client=mine)  # its settings, our connection
+    assert isinstance(links, ServerLinks)
+    assert links.link.address == Address("127.0.0.1", 6390)
 
 
 async def test_many_tasks_share_one_connection(
@@ -86,6 +102,7 @@ async def test_many_tasks_share_one_connection(
     client = await make_client(client_name=f"{namespace}-link")
     link = backend_of(client).node.link
     assert link is not None
+    first = await connection_ids(raw, f"{namespace}-link")  # (made by open())
 
     async def cycle(i: int) -> None:
         for _ in range(5):
@@ -93,7 +110,7 @@ async def test_many_tasks_share_one_connection(
                 await asyncio.sleep(0)
 
     await asyncio.gather(*(cycle(i) for i in range(64)))
-    assert link.connections == 1
+    assert await connection_ids(raw, f"{namespace}-link") == first  # the same one connection
     listed = (await raw.execute_command("CLIENT", "LIST")).decode()
     named = [line for line in listed.splitlines() if f"name={namespace}-link" in line]
     assert len(named) == 1, named  # the link; no pub/sub connection was needed
@@ -104,18 +121,18 @@ async def test_the_release_is_on_the_wire_before_the_bookkeeping(
 ) -> None:
     client = await make_client()
     node = backend_of(client).node
-    seen: list[tuple[int, int]] = []
+    seen: list[int] = []
 
     class Watch(aiodlock.Observer):
         def on_released(self, lease: aiodlock.Lease, held: float) -> None:
-            seen.append((before, node.round_trips))
+            seen.append(len(sent))
 
     client.add_observer(Watch())
     lock = client.lock("early")
     await lock.acquire()
-    before = node.round_trips
-    await lock.release()
-    assert seen == [(before, before + 1)]  # sent, then the observers ran
+    with writes(node.link) as sent:
+        await lock.release()
+    assert seen == [1]  # sent, then the observers ran
     assert await lock.try_acquire() is not None  # and it was released
     await lock.release()
 
@@ -123,27 +140,27 @@ async def test_the_release_is_on_the_wire_before_the_bookkeeping(
 async def test_an_error_reply_is_a_backend_error_and_the_link_goes_on(
     make_client: ClientFactory, raw: aioredis.Redis, namespace: str
 ) -> None:
-    client = await make_client()
+    client = await make_client(client_name=f"{namespace}-wrong")
+    first = await connection_ids(raw, f"{namespace}-wrong")
     await raw.set(f"{namespace}:{{wrongtype}}", "a string, not a hash")
     with pytest.raises(aiodlock.BackendError) as info:
         await client.lock("wrongtype").acquire(timeout=1)
     assert "WRONGTYPE" in str(info.value)
     async with client.lock("fine") as lease:
         assert lease.token >= 1
-    link = backend_of(client).node.link
-    assert link is not None
-    assert link.connections == 1
+    assert len(first) == 1
+    assert await connection_ids(raw, f"{namespace}-wrong") == first  # the link goes on
 
 
 async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
-    redis_factory: Any, make_client: ClientFactory
+    redis_factory: Any, make_client: ClientFactory, raw_factory: Any
 ) -> None:
     server = redis_factory()
-    client = await make_client(server.url, op_timeout=0.5)
-    link = backend_of(client).node.link
-    assert link is not None
+    client = await make_client(server.url, op_timeout=0.5, client_name="stalled")
     async with client.lock("warm"):
         pass
+    raw = raw_factory(server.url)
+    first = await connection_ids(raw, "stalled")
     await asyncio.to_thread(server.pause)
     try:
         started = time.monotonic()
@@ -157,4 +174,6 @@ async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
         await asyncio.to_thread(server.resume)
     async with client.lock("after", timeout=HANG) as lease:  # a new connection, same client
         assert lease.token >= 1
-    assert link.connections == 2
+    now = await connection_ids(raw, "stalled")
+    assert len(first) == len(now) == 1
+    assert now != first  # the stalled connection was given up, one new one made

@@ -15,11 +15,23 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Busy, Grant, Request
-from aiodlock.backends._redis_scripts import ALL_SCRIPTS, LockKeys, escape_name
+from aiodlock.backends.redis._deployments import connect_deployment
+from aiodlock.backends.redis._node import ServerLinks
+from aiodlock.backends.redis._scripts import ALL_SCRIPTS, LockKeys, escape_name
 from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import RedisServer, free_port
 
-from .redis_helpers import HANG, ClientFactory, RawFactory, backend_of, eventually, keys_of
+from .redis_helpers import (
+    HANG,
+    ClientFactory,
+    RawFactory,
+    backend_of,
+    connection_ids,
+    eventually,
+    keys_of,
+    script_calls,
+    writes,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -84,19 +96,20 @@ async def test_data_layout_follows_rlock(
     assert int(await raw.get(key + b":token")) == lease.token
 
 
-async def test_one_round_trip_per_acquire_and_per_release(client: aiodlock.Client) -> None:
-    node = backend_of(client).node
+async def test_one_round_trip_per_acquire_and_per_release(
+    client: aiodlock.Client, raw: aioredis.Redis
+) -> None:
     lock = client.lock("rt")
     await lock.acquire()
     await lock.release()  # warm up (connections, scripts)
-    before = node.round_trips
+    before = await script_calls(raw)
     await lock.acquire()
-    assert node.round_trips == before + 1
+    assert await script_calls(raw) == before + 1
     await lock.acquire()  # reentrant: no round trip
     await lock.release()
-    assert node.round_trips == before + 1
+    assert await script_calls(raw) == before + 1
     await lock.release()
-    assert node.round_trips == before + 2
+    assert await script_calls(raw) == before + 2
 
 
 async def test_scripts_are_run_by_sha_and_noscript_is_handled(
@@ -234,21 +247,22 @@ async def test_renew_is_one_pipeline_for_many_grants(client: aiodlock.Client) ->
         grants.append(grant)
     stolen = grants[7]
     assert await backend.force_release(stolen.name)
-    before = backend.node.round_trips
-    started = time.monotonic()
-    results = await backend.renew(grants, 9.0)
-    assert backend.node.round_trips == before + 1
+    with writes(backend.node.link) as sent:
+        started = time.monotonic()
+        results = await backend.renew(grants, 9.0)
+    assert len(sent) == 1
     assert results[7] is None
     assert all(r is not None and r >= started + 9.0 for i, r in enumerate(results) if i != 7)
     for grant in grants:
         await backend.release(grant)
 
 
-def test_driver_retries_are_off() -> None:
-    backend = aiodlock.connect("redis://127.0.0.1:1/0").backend
-    kwargs = backend_of_unopened(backend)._connection_kwargs()
-    assert kwargs["retry"].get_retries() == 0
-    assert kwargs["socket_timeout"] is None  # bounded by op_timeout on our side
+def test_calls_are_bounded_by_op_timeout_on_our_side() -> None:
+    # (no driver and its retries in between: a link sends once, its timer bounds the call)
+    backend = backend_of_unopened(aiodlock.connect("redis://127.0.0.1:1/0", op_timeout=0.7).backend)
+    links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+    assert isinstance(links, ServerLinks)
+    assert links.link.op_timeout == pubsub.op_timeout == 0.7
 
 
 def backend_of_unopened(backend: Any) -> Any:
@@ -380,19 +394,22 @@ async def test_close_releases_held_locks(make_client: ClientFactory, raw: aiored
     await eventually(lambda: b.lock("closing").try_acquire(), what="lock freed by close()")
 
 
-async def test_tls(redis_factory: Any, tmp_path: Path) -> None:
+async def test_tls(redis_factory: Any, tmp_path: Path, raw_factory: RawFactory) -> None:
     ca, cert, key = make_tls_certs(tmp_path)
     tls_port = free_port()
-    redis_factory(extra_args=tls_server_args(tls_port, ca, cert, key))
+    server = redis_factory(extra_args=tls_server_args(tls_port, ca, cert, key))
     url = f"rediss://127.0.0.1:{tls_port}/0"
-    a = aiodlock.connect(url, ssl_ca_certs=str(ca))
+    a = aiodlock.connect(url, ssl_ca_certs=str(ca), client_name="tls-a")
     b = aiodlock.connect(url, ssl_ca_certs=str(ca))
+    raw = raw_factory(server.url)  # (its plain port)
     async with a, b:
+        first = await connection_ids(raw, "tls-a")  # (made by open())
         lock = a.lock("tls")
         await lock.acquire()
         link = backend_of(a).node.link
         assert link is not None  # the pipelined connection, over TLS
-        assert link.connections == 1
+        assert len(first) == 1
+        assert await connection_ids(raw, "tls-a") == first
         waiting = asyncio.create_task(b.lock("tls").acquire(timeout=HANG))
         await eventually(lambda: bool(backend_of(b).hub.channels()))
         await lock.release()

@@ -1,4 +1,9 @@
-"""Same-process hand-off: a release hands a non-fair lock straight to a local waiter."""
+"""Same-process hand-off: a release hands a non-fair lock straight to a local waiter.
+
+The core chooses the receiver, delivers and settles (``aiodlock._local``); the Redis backend
+offers the one-round-trip step (``RedisBackend.transfer``, the RELEASE_TRANSFER script).
+The tests that drive one step at a time use the client's table of waiting owners directly.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,12 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
+from aiodlock._local import LocalWaiters
 from aiodlock.backends._base import Busy, Grant, Request, monotonic
-from aiodlock.backends.redis import HubWaiter, RedisBackend
+from aiodlock.backends.redis import RedisBackend
+from aiodlock.backends.redis._scripts import RELEASE_TRANSFER
 
-from .redis_helpers import HANG, ClientFactory, backend_of, eventually
+from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, port_of
 
 pytestmark = pytest.mark.redis
 
@@ -29,13 +36,15 @@ async def _script_calls(raw: aioredis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
 
 
-def _idle_waiter(backend: RedisBackend, name: str, owner: str | None = None) -> bool:
+def _local(client: aiodlock.Client) -> LocalWaiters:
+    """The client's table of its waiting owners (the core's hand-off)."""
+    local: LocalWaiters = client._local
+    return local
+
+
+def _idle_waiter(client: aiodlock.Client, name: str) -> bool:
     """A local non-fair waiter of ``name`` is registered and not asking the server now."""
-    waiters = backend._local.get(name, {})
-    return any(
-        (owner is None or o == owner) and not w.attempting and w.transfer is None
-        for o, w in waiters.items()
-    )
+    return _local(client).receiver(name, "") is not None
 
 
 class _Holder:
@@ -64,6 +73,15 @@ class _Holder:
         await asyncio.wait_for(self.task, HANG)
 
 
+async def _release(local: LocalWaiters, grant: Grant) -> bool:
+    return await local.start_release(grant, False)
+
+
+async def _fair_waiters(client: aiodlock.Client, name: str, count: int) -> bool:
+    status = await client.status(name)
+    return status is not None and status.waiters == count
+
+
 async def _hold(backend: RedisBackend, name: str, owner: str) -> Grant:
     got = await backend.try_acquire(Request(name, owner, 30.0), will_wait=False)
     assert isinstance(got, Grant)
@@ -76,15 +94,17 @@ async def test_a_same_process_handoff_is_one_round_trip(
     backend = backend_of(client)
     holder = await client.lock("one-trip").acquire()
     waiting = _Holder(client.lock("one-trip"), HANG)
-    await eventually(lambda: _idle_waiter(backend, "one-trip"), what="a local waiter")
-    trips = backend.node.round_trips
+    await eventually(lambda: _idle_waiter(client, "one-trip"), what="a local waiter")
     calls = await _script_calls(raw)
-    await client.lock("one-trip").release()
-    lease = await waiting.result()
+    async with Monitor(raw) as monitor:
+        port = port_of(backend.node.link)
+        await client.lock("one-trip").release()
+        lease = await waiting.result()
+        await monitor.sync()
     # The release script handed it over; the woken waiter took it without asking again.
-    assert backend.node.round_trips - trips == 1
+    assert monitor.scripts(port) == 1
     assert await _script_calls(raw) - calls == 1
-    assert backend.transfers == 1
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert lease.token == holder.token + 1
     assert await raw.hgetall(_lock_key(namespace, "one-trip")) == {
         lease.owner.encode(): str(lease.token).encode()
@@ -103,16 +123,19 @@ async def test_a_waiter_leaving_with_an_untaken_handoff_releases_it(
     client = await make_client()
     other = await make_client()
     backend = backend_of(client)
+    local = _local(client)
     grant = await _hold(backend, "untaken", "me:1")
     request = Request("untaken", "me:2", 30.0)
     async with backend.waiter(request) as waiter:
-        assert await backend.release(grant) is True
-        assert isinstance(waiter, HubWaiter)
-        assert waiter.delivered is not None
-        assert waiter.delivered.token == grant.token + 1
+        entry = local.join(request, waiter)
+        assert await local.start_release(grant, False) is True
+        assert entry.delivered is not None
+        assert entry.delivered.token == grant.token + 1
         assert (await raw.hgetall(_lock_key(namespace, "untaken"))) == {
             b"me:2": str(grant.token + 1).encode()
         }
+        local.leave(entry)
+        await local.settle(entry)
     assert await raw.exists(_lock_key(namespace, "untaken")) == 0
     lease = await other.lock("untaken").try_acquire()
     assert lease is not None
@@ -138,13 +161,19 @@ async def test_a_waiter_leaving_while_the_handoff_is_in_flight_releases_it(
 
     monkeypatch.setattr(node, "release_transfer", slow)
     request = Request("in-flight", "me:2", 30.0)
-    async with backend.waiter(request):
-        releasing = asyncio.create_task(backend.release(grant))
-        await asyncio.wait_for(sent.wait(), HANG)
-        # Leave now: the exit waits for the answer, then gives the delivered lock back.
-        asyncio.get_running_loop().call_soon(go_on.set)
-    assert await asyncio.wait_for(releasing, HANG) is True
-    assert backend.transfers == 1
+    local = _local(client)
+    async with Monitor(raw) as monitor:
+        async with backend.waiter(request) as waiter:
+            entry = local.join(request, waiter)
+            releasing = asyncio.create_task(_release(local, grant))
+            await asyncio.wait_for(sent.wait(), HANG)
+            # Leave now: settling waits for the answer, then gives the delivered lock back.
+            asyncio.get_running_loop().call_soon(go_on.set)
+            local.leave(entry)
+            await local.settle(entry)
+        assert await asyncio.wait_for(releasing, HANG) is True
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.exists(_lock_key(namespace, "in-flight")) == 0
     assert await other.lock("in-flight").try_acquire() is not None
 
@@ -158,7 +187,7 @@ async def test_a_waiter_cancelled_right_after_the_handoff_leaves_no_lock(
     node = backend.node
     await client.lock("cancelled").acquire()
     waiting = asyncio.create_task(client.lock("cancelled").acquire(timeout=HANG))
-    await eventually(lambda: _idle_waiter(backend, "cancelled"), what="a local waiter")
+    await eventually(lambda: _idle_waiter(client, "cancelled"), what="a local waiter")
     original = node.release_transfer
 
     async def then_cancel(*args: Any, **kwargs: Any) -> int:
@@ -167,10 +196,12 @@ async def test_a_waiter_cancelled_right_after_the_handoff_leaves_no_lock(
         return value
 
     monkeypatch.setattr(node, "release_transfer", then_cancel)
-    await client.lock("cancelled").release()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(waiting, HANG)
-    assert backend.transfers == 1
+    async with Monitor(raw) as monitor:
+        await client.lock("cancelled").release()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, HANG)
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.exists(_lock_key(namespace, "cancelled")) == 0
     assert await other.lock("cancelled").try_acquire() is not None
 
@@ -187,7 +218,7 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
     node = backend.node
     await client.lock("late").acquire()
     waiting = _Holder(client.lock("late"), 0.5)
-    await eventually(lambda: _idle_waiter(backend, "late"), what="a local waiter")
+    await eventually(lambda: _idle_waiter(client, "late"), what="a local waiter")
     original = node.release_transfer
 
     async def late(*args: Any, **kwargs: Any) -> int:
@@ -196,9 +227,11 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
         return value
 
     monkeypatch.setattr(node, "release_transfer", late)
-    await client.lock("late").release()
-    lease = await waiting.result()
-    assert backend.transfers == 1
+    async with Monitor(raw) as monitor:
+        await client.lock("late").release()
+        lease = await waiting.result()
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 1
     assert await raw.hgetall(_lock_key(namespace, "late")) == {
         lease.owner.encode(): str(lease.token).encode()
     }
@@ -208,22 +241,26 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
 
 
 async def test_the_waiter_takes_the_delivered_grant_without_a_round_trip(
-    client: aiodlock.Client,
+    client: aiodlock.Client, raw: aioredis.Redis
 ) -> None:
     backend = backend_of(client)
+    local = _local(client)
     grant = await _hold(backend, "taken", "me:1")
     request = Request("taken", "me:2", 12.0)
-    async with backend.waiter(request):
+    async with backend.waiter(request) as waiter:
+        entry = local.join(request, waiter)
         before = monotonic()
-        assert await backend.release(grant) is True
-        trips = backend.node.round_trips
-        got = await backend.try_acquire(request, will_wait=True)
+        assert await local.start_release(grant, False) is True
+        trips = await _script_calls(raw)
+        got = await local.attempt(entry)
         assert isinstance(got, Grant)
-        assert backend.node.round_trips == trips
+        assert await _script_calls(raw) == trips
         assert got.token == grant.token + 1
         assert got.owner == "me:2"
         assert got.expires_at is not None
         assert before <= got.expires_at - 12.0 <= monotonic()
+        local.leave(entry)
+        assert not entry.needs_settling()
     # Taken: leaving the waiter keeps it.
     status = await backend.status("taken")
     assert status is not None
@@ -238,11 +275,14 @@ async def test_release_of_a_lease_no_longer_held_hands_nothing_over(
     grant = await _hold(backend, "gone", "me:1")
     await raw.delete(_lock_key(namespace, "gone"))
     request = Request("gone", "me:2", 30.0)
+    local = _local(client)
     async with backend.waiter(request) as waiter:
-        assert await backend.release(grant) is False
-        assert isinstance(waiter, HubWaiter)
-        assert waiter.delivered is None
-    assert backend.transfers == 0
+        entry = local.join(request, waiter)
+        assert await local.start_release(grant, False) is False
+        assert entry.delivered is None
+        local.leave(entry)
+    # nothing was handed over: no new grant counted
+    assert int(await raw.get(backend.keys_for("gone").counter)) == grant.token
     assert await raw.exists(_lock_key(namespace, "gone")) == 0
 
 
@@ -257,28 +297,31 @@ async def test_a_failed_transfer_falls_back_to_a_plain_release(
 
     monkeypatch.setattr(backend.node, "release_transfer", broken)
     waiting = _Holder(client.lock("fallback"), HANG)
-    await eventually(lambda: _idle_waiter(backend, "fallback"), what="a local waiter")
-    await client.lock("fallback").release()
-    lease = await waiting.result()
+    await eventually(lambda: _idle_waiter(client, "fallback"), what="a local waiter")
+    async with Monitor(raw) as monitor:
+        await client.lock("fallback").release()
+        lease = await waiting.result()
+        await monitor.sync()
     assert lease.token == holder.token + 1
-    assert backend.transfers == 0
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 0
     assert await raw.hget(_lock_key(namespace, "fallback"), lease.owner) is not None
     await waiting.finish()
 
 
-async def test_fair_locks_keep_their_queue(client: aiodlock.Client) -> None:
-    backend = backend_of(client)
+async def test_fair_locks_keep_their_queue(client: aiodlock.Client, raw: aioredis.Redis) -> None:
     await client.lock("fair", fair=True).acquire()
     waiting = asyncio.create_task(client.lock("fair", fair=True).acquire(timeout=HANG))
-    await eventually(lambda: len(backend._waiters) == 1, what="a fair waiter")
-    assert "fair" not in backend._local
-    await client.lock("fair", fair=True).release()
-    await asyncio.wait_for(waiting, HANG)
-    assert backend.transfers == 0
+    await eventually(lambda: _fair_waiters(client, "fair", 1), what="a fair waiter")
+    assert _local(client).waiting("fair") == 0  # (a fair waiter is never handed a lock)
+    async with Monitor(raw) as monitor:
+        await client.lock("fair", fair=True).release()
+        await asyncio.wait_for(waiting, HANG)
+        await monitor.sync()
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) == 0
 
 
 async def test_tokens_increase_and_nobody_overlaps_under_contention(
-    make_client: ClientFactory,
+    make_client: ClientFactory, raw: aioredis.Redis
 ) -> None:
     clients = [await make_client(), await make_client()]
     inside = 0
@@ -297,17 +340,19 @@ async def test_tokens_increase_and_nobody_overlaps_under_contention(
                 inside -= 1
 
     workers = [worker(c, 30) for c in clients for _ in range(6)]
-    await asyncio.wait_for(asyncio.gather(*workers), HANG * 3)
+    async with Monitor(raw) as monitor:
+        await asyncio.wait_for(asyncio.gather(*workers), HANG * 3)
+        await monitor.sync()
     assert overlaps == 0
     assert len(tokens) == 12 * 30
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
-    assert sum(backend_of(c).transfers for c in clients) > 0
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) > 0  # hand-offs
     for client in clients:
-        assert not backend_of(client)._local
+        assert not _local(client)
 
 
 async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
-    client: aiodlock.Client,
+    client: aiodlock.Client, raw: aioredis.Redis
 ) -> None:
     # Waiters that are asleep when the release comes get the lock in one round trip: with
     # 4 tasks each holding the lock in turn, most owner changes are hand-offs.
@@ -320,10 +365,12 @@ async def test_handoffs_among_tasks_of_one_client_are_one_round_trip_each(
                 tokens.append(lease.token)
                 await asyncio.sleep(0.001)
 
-    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
+    async with Monitor(raw) as monitor:
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(4))), HANG * 3)
+        await monitor.sync()
     assert all(a < b for a, b in itertools.pairwise(tokens))
-    assert backend.transfers >= 20
-    assert not backend._local
+    assert monitor.scripts(sha=RELEASE_TRANSFER.sha) >= 20
+    assert not _local(client)
     assert await backend.status("turns") is None
 
 
@@ -331,12 +378,15 @@ async def test_abandon_after_a_handoff_deletes_only_its_own_owner(
     client: aiodlock.Client, raw: aioredis.Redis, namespace: str
 ) -> None:
     backend = backend_of(client)
+    local = _local(client)
     grant = await _hold(backend, "abandon", "me:1")
     request = Request("abandon", "me:2", 30.0)
-    async with backend.waiter(request):
-        assert await backend.release(grant) is True
-        got = await backend.try_acquire(request, will_wait=True)
+    async with backend.waiter(request) as waiter:
+        entry = local.join(request, waiter)
+        assert await local.start_release(grant, False) is True
+        got = await local.attempt(entry)
         assert isinstance(got, Grant)
+        local.leave(entry)
     await backend.abandon(Request("abandon", "me:3", 30.0))  # not the holder: no effect
     assert await raw.hget(_lock_key(namespace, "abandon"), "me:2") is not None
     await backend.abandon(request)
@@ -394,8 +444,8 @@ async def test_random_timeouts_and_cancellations_leave_nothing_behind(
     assert outcomes["cancelled"] > 0
     for client in clients:
         backend = backend_of(client)
-        await eventually(lambda b=backend: not b._waiters and not b._local, what="no waiter")
-        assert backend._board.names() == []
+        await eventually(lambda c=client: not _local(c), what="no waiter")
+        assert backend.board.names() == []
         assert backend.hub.channels() == []  # (lingering subscriptions are not wanted)
         assert await client.status("chaos") is None
     lease = await clients[0].lock("chaos", fair=fair).acquire(timeout=0)

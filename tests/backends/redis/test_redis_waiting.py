@@ -11,8 +11,18 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends._base import Busy, Request
+from aiodlock.backends.redis._wire import Address
 
-from .redis_helpers import HANG, ClientFactory, backend_of, eventually, keys_of
+from .redis_helpers import (
+    HANG,
+    ClientFactory,
+    Monitor,
+    backend_of,
+    connection_ids,
+    eventually,
+    keys_of,
+    port_of,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -22,18 +32,23 @@ async def _pubsub_clients(raw: aioredis.Redis, name_part: str) -> int:
     return sum(1 for c in clients if name_part in c.get("name", ""))
 
 
-async def test_release_wakes_a_waiter_without_polling(make_client: ClientFactory) -> None:
+async def test_release_wakes_a_waiter_without_polling(
+    make_client: ClientFactory, raw: aioredis.Redis
+) -> None:
     a = await make_client()
     b = await make_client()
-    node_b = backend_of(b).node
+    port_b = port_of(backend_of(b).node.link)
     holder = await a.lock("wake").acquire()
     del holder
-    waiting = asyncio.create_task(b.lock("wake").acquire(timeout=HANG))
-    await eventually(lambda: backend_of(b).hub.channels() != [], what="subscribed")
-    await eventually(lambda: bool(backend_of(b).hub.is_ready(backend_of(b).hub.channels()[0])))
-    attempts = node_b.round_trips
-    await asyncio.sleep(0.3)  # a polling waiter would make attempts meanwhile
-    assert node_b.round_trips - attempts <= 1
+    async with Monitor(raw) as monitor:
+        waiting = asyncio.create_task(b.lock("wake").acquire(timeout=HANG))
+        await eventually(lambda: backend_of(b).hub.channels() != [], what="subscribed")
+        await eventually(lambda: bool(backend_of(b).hub.is_ready(backend_of(b).hub.channels()[0])))
+        await monitor.sync()
+        attempts = monitor.scripts(port_b)
+        await asyncio.sleep(0.3)  # a polling waiter would make attempts meanwhile
+        await monitor.sync()
+    assert monitor.scripts(port_b) - attempts <= 1
     released = time.monotonic()
     await a.lock("wake").release()
     lease = await asyncio.wait_for(waiting, HANG)
@@ -58,8 +73,8 @@ async def test_one_pubsub_connection_for_all_waiters_and_names(
     hub = backend_of(b).hub
     await eventually(lambda: len(hub.channels()) == 5, what="5 channels")
     await eventually(lambda: all(hub.is_ready(ch) for ch in hub.channels()), what="ready")
-    assert hub.connections == 1
-    assert await _pubsub_clients(raw, "waiters-b") == 1
+    first = await connection_ids(raw, "waiters-b", "pubsub")
+    assert len(first) == 1
     assert len(await raw.pubsub_channels(f"{namespace}:*")) == 5
     for name in names:
         await a.lock(name).release()
@@ -67,7 +82,8 @@ async def test_one_pubsub_connection_for_all_waiters_and_names(
     # The last local waiter of each name left: unsubscribed, on the server too.
     assert hub.channels() == []
     await eventually(lambda: _no_channels(raw, namespace), what="server-side unsubscribed")
-    assert hub.connections == 1
+    # the same pub/sub connection all along (now subscribed to nothing)
+    assert first[0] in await connection_ids(raw, "waiters-b")
 
 
 async def _no_channels(raw: aioredis.Redis, namespace: str) -> bool:
@@ -79,7 +95,7 @@ async def test_a_release_wakes_one_local_waiter_not_all(
 ) -> None:
     a = await make_client()
     b = await make_client()
-    node_b = backend_of(b).node
+    port_b = port_of(backend_of(b).node.link)
     await a.lock("herd").acquire()
     gate = asyncio.Event()
 
@@ -87,16 +103,23 @@ async def test_a_release_wakes_one_local_waiter_not_all(
         async with b.lock("herd", timeout=HANG):
             await gate.wait()
 
-    start = node_b.round_trips
-    tasks = [asyncio.create_task(waiter()) for _ in range(6)]
-    # Each waiter makes two attempts (one, then one more once subscribed), then sleeps.
-    await eventually(lambda: node_b.round_trips - start == 12, what="all waiters asleep")
-    before = node_b.round_trips
-    await a.lock("herd").release()
-    await eventually(lambda: _held_by(a, b), what="a waiter of b got it")
-    await asyncio.sleep(0.2)  # give a herd the chance to show
+    async with Monitor(raw) as monitor:
+        tasks = [asyncio.create_task(waiter()) for _ in range(6)]
+
+        # Each waiter makes two attempts (one, then one more once subscribed), and once it
+        # has waited URGENT_AFTER a third, which takes its place in line; then it sleeps.
+        async def asleep() -> bool:
+            await monitor.sync()
+            return monitor.scripts(port_b) == 18
+
+        await eventually(asleep, what="all waiters asleep")
+        before = monitor.scripts(port_b)
+        await a.lock("herd").release()
+        await eventually(lambda: _held_by(a, b), what="a waiter of b got it")
+        await asyncio.sleep(0.2)  # give a herd the chance to show
+        await monitor.sync()
     # one woken waiter, one attempt (plus, at most, one more from a lease-end wake-up)
-    assert node_b.round_trips - before <= 2
+    assert monitor.scripts(port_b) - before <= 2
     gate.set()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
 
@@ -129,9 +152,14 @@ async def test_waiter_survives_a_pubsub_connection_drop(
     waiting = asyncio.create_task(b.lock("drop").acquire(timeout=HANG))
     hub = backend_of(b).hub
     await eventually(lambda: bool(hub.channels()) and hub.is_ready(hub.channels()[0]))
+    first = await connection_ids(raw, "drop-b", "pubsub")
     killed = await raw.client_kill_filter(_type="pubsub", skipme=True)
     assert killed >= 1
-    await eventually(lambda: hub.connections >= 2, what="reconnected")
+
+    async def reconnected() -> bool:  # on a new pub/sub connection
+        return await connection_ids(raw, "drop-b", "pubsub") not in ([], first)
+
+    await eventually(reconnected, what="reconnected")
     await eventually(lambda: hub.is_ready(hub.channels()[0]), what="resubscribed")
     assert await _pubsub_clients(raw, "drop-b") == 1
     released = time.monotonic()
@@ -146,10 +174,10 @@ async def test_waiters_poll_while_pubsub_is_unavailable(make_client: ClientFacto
     b = await make_client()
     backend = backend_of(b)
 
-    async def broken() -> object:
+    async def broken() -> Address:
         raise ConnectionError("pub/sub unavailable in this test")
 
-    backend._pubsub_connection = broken  # type: ignore[method-assign]
+    backend.hub.link.address = broken
     await a.lock("poll").acquire()
     waiting = asyncio.create_task(b.lock("poll").acquire(timeout=HANG))
     await asyncio.sleep(0.05)

@@ -9,7 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends.redlock import RedlockBackend
+from aiodlock.backends.redis import RedlockBackend
 from tests.helpers import HANG as HANG
 from tests.helpers import ClientFactory as ClientFactory
 from tests.helpers import eventually as eventually
@@ -77,3 +77,11 @@ async def held_everywhere(
         return await holders(raws, key) == [expected] * len(raws)
 
     await eventually(held, what=f"{key!r} held by {owner} on every node")
+
+
+def port_of(link: Any) -> str:
+    """The local port of a link's connection, as CLIENT LIST shows its client."""
+    pipe = link.pipe
+    assert pipe is not None
+    assert pipe.transport is not None
+    return str(pipe.transport.get_extra_info("sockname")[1])

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends._base import Capability
-from aiodlock.backends.redlock import RedlockBackend
+from aiodlock.backends.redis import RedlockBackend
 from tests.servers import RedisGroup
 
 from .redlock_helpers import backend_of

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends._redis_scripts import LockKeys
+from aiodlock.backends.redis._scripts import LockKeys
 from tests.servers import RedisGroup
 
 from .redlock_helpers import (
@@ -136,7 +136,7 @@ async def test_a_waiter_rides_out_a_lost_majority(
     await holder.lock("comeback", ttl=0.8, on_lost="ignore").acquire()
     waiting = asyncio.create_task(waiter.lock("comeback").acquire(timeout=HANG))
     # asleep: a release message or the lease's end wakes it
-    await eventually(lambda: bool(backend_of(waiter)._waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(waiter).waiting.waiters), what="waiter registered")
     for i in (0, 2, 4):
         five[i].kill()
     await asyncio.sleep(1.5)  # the lease ended; the waiter's attempts fail meanwhile
@@ -170,7 +170,7 @@ async def test_a_paused_node_does_not_block_acquisition(
                 return got.token
 
         waiting = asyncio.create_task(take_turn())
-        await eventually(lambda: bool(backend_of(b)._waiters), what="waiter registered")
+        await eventually(lambda: bool(backend_of(b).waiting.waiters), what="waiter registered")
         started = time.monotonic()
         await a.lock("paused").release()
         assert time.monotonic() - started < 3.0  # the release does not wait for op_timeout
@@ -243,7 +243,7 @@ async def test_dead_nodes_do_not_strand_a_waiter(
     b = await make_client(retry_delay=5.0)
     await a.lock("strand").acquire()
     waiting = asyncio.create_task(b.lock("strand").acquire(timeout=HANG))
-    await eventually(lambda: bool(backend_of(b)._waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(b).waiting.waiters), what="waiter registered")
     five[0].kill()
     five[1].kill()
     started = time.monotonic()

@@ -5,10 +5,11 @@ one Cluster slot and one script may touch them all)::
 
     {ns}:{<name>}             hash    {owner: token}   the holder, with a millisecond expiry
     {ns}:{<name>}:token       string  fencing counter, INCR'd once per new grant (never expires)
-    {ns}:{<name>}:queue       list    fair mode: owners waiting, in request order
-    {ns}:{<name>}:deadlines   zset    fair mode: owner -> server time (ms) its place lapses
+    {ns}:{<name>}:queue       list    the line: owners waiting in request order (fair
+                                      waiters, and urgent ones: see ACQUIRE)
+    {ns}:{<name>}:deadlines   zset    the line: owner -> server time (ms) its place lapses
     {ns}:{<name>}:released    channel a release/expiry of the lock is announced here
-    {ns}:{<name>}:released:<owner>    fair mode: the next waiter's own channel
+    {ns}:{<name>}:released:<owner>    the line: the next waiter's own channel
 
 ``<name>`` is the lock name in UTF-8 with ``%``, ``{`` and ``}`` percent-escaped, so any name
 (braces, spaces, newlines, NUL, any Unicode, 512 characters) gives exactly one hash tag and
@@ -165,18 +166,29 @@ local function purge(queue, deadlines, now)
 end
 """
 
-# notify(queue, deadlines, channel, prefix): the lock just became free.  With a fair queue,
-# wake only its first live waiter (on that waiter's own channel); otherwise announce it on
-# the name's channel, where each process with waiters wakes one of them.
+# call_next(head, channel, prefix): the lock is free for the first waiter in line, ``head``:
+# a fair waiter listens on its own channel; an urgent one (its place in line is its owner
+# marked with a leading '!') on the name's channel, where the message names it (no other
+# waiter there is woken: none of them may take the lock).
+# notify(queue, deadlines, channel, prefix): the lock just became free.  With a line, wake
+# only its first live waiter; otherwise announce it on the name's channel, where each
+# process with waiters wakes one of them.
 _NOTIFY = (
     _NOW
     + _PURGE
     + """
+local function call_next(head, channel, prefix)
+  if string.byte(head, 1) == 33 then
+    redis.call('PUBLISH', channel, string.sub(head, 2))
+  else
+    redis.call('PUBLISH', prefix .. head, 'next')
+  end
+end
 local function notify(queue, deadlines, channel, prefix)
   if redis.call('EXISTS', queue) == 1 then
     local head = purge(queue, deadlines, now_ms())
     if head then
-      redis.call('PUBLISH', prefix .. head, 'next')
+      call_next(head, channel, prefix)
       return
     end
   end
@@ -201,17 +213,31 @@ def _script(name: str, helpers: str, text: str) -> Script:
 
 ACQUIRE = _script(
     "acquire",
-    "",
+    _NOW + _PURGE,
     """
--- One attempt to take a lock (no queue; a free lock goes to whoever asks first).
--- KEYS[1] lock hash      KEYS[2] fencing counter
+-- One attempt to take a lock without a place in line: a free lock goes to whoever asks
+-- first, unless owners wait in line (fair waiters, or urgent ones: non-fair waiters that
+-- have waited too long): then only the first of them may take it.
+-- KEYS[1] lock hash      KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
 -- ARGV[1] owner          ARGV[2] lease in ms
 -- returns token (>= 1)   granted; also when ARGV[1] already holds it (same token, lease
 --                        refreshed: a retried attempt whose reply was lost is idempotent)
---         -1 - pttl      (<= -1) held by another owner, pttl = ms left on its lease
+--         -1 - ms        (<= -1) held by another owner (ms left on its lease), or free but
+--                        kept for the first in line (ms until its place lapses)
 --         0              held by another owner, with no expiry (never set by aiodlock)
 -- (An integer rather than a table: it costs the server noticeably less.)
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    local now = now_ms()
+    local head = purge(KEYS[3], KEYS[4], now)
+    if head and head ~= '!' .. ARGV[1] then
+      return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
+    end
+    if head then
+      redis.call('LPOP', KEYS[3])
+      redis.call('ZREM', KEYS[4], head)
+    end
+  end
   local token = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[1], token)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -239,12 +265,16 @@ ACQUIRE_FAIR = _script(
 -- ARGV[3] waiter ms: how long a queued owner keeps its place without a new attempt
 -- ARGV[4] '1': queue up when not granted (the caller will wait and retry);
 --         '0': a try-lock, leaves nothing behind
+-- ARGV[5] '1': an urgent non-fair waiter (its place is marked '!' .. owner: the message
+--         that calls it goes to the name's channel), else a fair one
 -- returns token (>= 1)   granted (or already held by ARGV[1]: same token, lease refreshed)
 --         -1 - retry     (<= -1) not granted; retry = ms until something may change
 --                        without a message (the holder's lease end, a dead head waiter's
 --                        deadline, or the time to refresh our own place)
 --         0              not granted, no such time known
 local owner = ARGV[1]
+local member = owner
+if ARGV[5] == '1' then member = '!' .. owner end
 local token = redis.call('HGET', KEYS[1], owner)
 if token then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -253,10 +283,10 @@ end
 local now = now_ms()
 local head = purge(KEYS[3], KEYS[4], now)
 local free = redis.call('EXISTS', KEYS[1]) == 0
-if free and (not head or head == owner) then
+if free and (not head or head == member) then
   if head then
     redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], owner)
+    redis.call('ZREM', KEYS[4], member)
   end
   token = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], owner, token)
@@ -268,15 +298,15 @@ local function consider(ms)
   if ms >= 0 and (retry < 0 or ms < retry) then retry = ms end
 end
 if not free then consider(redis.call('PTTL', KEYS[1])) end
-if head and head ~= owner then
+if head and head ~= member then
   consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
 end
 if ARGV[4] == '1' then
   local waiter_ms = tonumber(ARGV[3])
   -- ZADD answers 1 for a new member: only then does the owner join the end of the queue;
   -- an owner already queued keeps its place and gets a fresh deadline.
-  if redis.call('ZADD', KEYS[4], now + waiter_ms, owner) == 1 then
-    redis.call('RPUSH', KEYS[3], owner)
+  if redis.call('ZADD', KEYS[4], now + waiter_ms, member) == 1 then
+    redis.call('RPUSH', KEYS[3], member)
   end
   -- The queue keys vanish when no live waiter refreshes them any more.
   redis.call('PEXPIRE', KEYS[3], waiter_ms)
@@ -337,16 +367,23 @@ RELEASE_TRANSFER = _script(
 -- returns token (>= 1)   released, and granted to ARGV[3] under this NEW token (INCR)
 --         0              not held by ARGV[1] (expired, taken over or force-released):
 --                        nothing changed, nobody was granted
---         -1             released but not handed over (the name has a fair queue, whose
---                        next waiter was notified exactly as RELEASE does)
+--         -1             released but not handed over: owners wait in line and ARGV[3]
+--                        is not the first; that one was notified exactly as RELEASE does
 local token = redis.call('HGET', KEYS[1], ARGV[1])
 if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  notify(KEYS[3], KEYS[4], ARGV[5], ARGV[6])
-  return -1
+  local head = purge(KEYS[3], KEYS[4], now_ms())
+  if head and head ~= '!' .. ARGV[3] then
+    call_next(head, ARGV[5], ARGV[6])
+    return -1
+  end
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], head)
+  end
 end
 local granted = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], ARGV[3], granted)
@@ -369,9 +406,11 @@ if held then
   redis.call('DEL', KEYS[1])
 end
 local was_head = false
-if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
-  was_head = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
-  redis.call('LREM', KEYS[2], 0, ARGV[1])
+for _, member in ipairs({ARGV[1], '!' .. ARGV[1]}) do
+  if redis.call('ZREM', KEYS[3], member) == 1 then
+    was_head = redis.call('LINDEX', KEYS[2], 0) == member
+    redis.call('LREM', KEYS[2], 0, member)
+  end
 end
 if held or (was_head and redis.call('EXISTS', KEYS[1]) == 0) then
   notify(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
@@ -427,3 +466,43 @@ ALL_SCRIPTS: tuple[Script, ...] = (
     FORCE_RELEASE,
     STATUS,
 )
+
+# -- the two scripts Redlock adds ------------------------------------------------------------
+
+RAISE_COUNTER = Script(
+    "raise_counter",
+    """-- Raise a fencing counter to at least a token handed out by another node (Redlock).
+-- KEYS[1] fencing counter
+-- ARGV[1] the token
+-- returns the counter after the call
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if current < wanted then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return wanted
+end
+return current
+""",
+)
+
+REJOIN = Script(
+    "rejoin",
+    """-- When may this node's votes count?  (run on every new connection with rejoin_delay)
+-- A marker key holds the server time (ms) from which the node counts.  A node that lost its
+-- data (restarted without persistence, flushed) has no marker: it counts only rejoin_delay
+-- after the first client saw it empty, when every lease it may have forgotten has ended.
+-- KEYS[1] marker
+-- ARGV[1] rejoin delay in ms
+-- returns ms until the node counts (0 or less: now)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local from = redis.call('GET', KEYS[1])
+if not from then
+  from = now + tonumber(ARGV[1])
+  redis.call('SET', KEYS[1], from)
+end
+return tonumber(from) - now
+""",
+)
+
+REDLOCK_SCRIPTS = (*ALL_SCRIPTS, RAISE_COUNTER)

@@ -26,14 +26,15 @@ import dataclasses
 import functools
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import hiredis
 
-from .._errors import BackendTimeout
-from ._base import monotonic
-from ._redis_scripts import Memo, Script
+from ..._errors import BackendTimeout
+from ..._wakeup import Timer
+from .._base import monotonic
+from ._scripts import Memo, Script
 
 __all__ = [
     "WIRE_ERRORS",
@@ -44,8 +45,10 @@ __all__ = [
     "NodeConnectionError",
     "OnReply",
     "Pipe",
+    "PushPipe",
     "ReplyError",
     "ScriptCall",
+    "Target",
     "pack",
     "resolver",
 ]
@@ -187,7 +190,7 @@ class Pipe(asyncio.Protocol):
     def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
         self.label = label
         self.op_timeout = op_timeout
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
         #: One entry per unanswered request, oldest first: its callback, its script
@@ -229,26 +232,19 @@ class Pipe(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
 
-    def _check(self) -> None:
+    def _due(self, now: float) -> float | None:
         """The timer: give up when the oldest request waited ``op_timeout``."""
-        self._timer = None
         oldest = self.oldest()
         if oldest is None or self.broken is not None or self.op_timeout is None:
-            return
+            return None
         due = oldest + self.op_timeout
-        if monotonic() >= due:
-            self.close(BackendTimeout(f"{self.label}: no answer within {self.op_timeout:g} s"))
-            return
-        self._arm(due)
-
-    def _arm(self, due: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + max(0.0, due - monotonic()), self._check)
+        if now < due:
+            return due
+        self.close(BackendTimeout(f"{self.label}: no answer within {self.op_timeout:g} s"))
+        return None
 
     def _fail(self, error: BaseException) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         if self.broken is None:
             self.broken = error
         waiting = [entry[0] for entry in self._waiting]
@@ -287,8 +283,8 @@ class Pipe(asyncio.Protocol):
             self._waiting.extend(
                 [(callback, call, now) for callback, call in zip(callbacks, calls, strict=True)]
             )
-        if self._timer is None and self.op_timeout is not None:
-            self._arm(now + self.op_timeout)
+        if self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
@@ -302,13 +298,54 @@ class Pipe(asyncio.Protocol):
             return
         now = monotonic()
         self._waiting.append((callback, call, now))
-        if self._timer is None and self.op_timeout is not None:
-            self._arm(now + self.op_timeout)
+        if self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
         """When the oldest unanswered request was sent."""
         return self._waiting[0][2] if self._waiting else None
+
+
+class PushPipe(Pipe):
+    """A pipe whose replies, once no request waits for one, go to ``on_push``: a pub/sub
+    connection (its handshake is answered in order, then every message is pushed).
+
+    ``lost`` gets the error the connection ended with; ``last`` is when data last came.
+    """
+
+    def __init__(self, label: str, op_timeout: float | None, on_push: OnReply) -> None:
+        super().__init__(label, op_timeout)
+        self.on_push = on_push
+        self.last = monotonic()
+        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.last = monotonic()
+        reader = self._reader
+        reader.feed(data)
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.close(NodeConnectionError(f"protocol error: {exc}"))
+                return
+            if reply is False:
+                return
+            if self._waiting:
+                self._waiting.popleft()[0](reply)
+            else:
+                self.on_push(reply)
+
+    def _fail(self, error: BaseException) -> None:
+        super()._fail(error)
+        if not self.lost.done():
+            self.lost.set_result(self.broken or error)
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (its answers are pushed)."""
+        if self.broken is None and self.transport is not None:
+            self.transport.write(data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -324,6 +361,16 @@ class Address:
     path: str | None = None
     tls: Callable[[], ssl.SSLContext] | None = dataclasses.field(default=None, repr=False)
 
+    def __str__(self) -> str:
+        if self.path is not None:
+            return self.path
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+#: Where a link connects: an address, or what finds it anew for every connection (the
+#: master a Sentinel names, a Cluster node).
+Target = Address | Callable[[], Awaitable[Address]]
+
 
 class Link:
     """ONE pipelined connection to one server, made (again) on demand.
@@ -334,13 +381,14 @@ class Link:
     request makes a new one.
 
     ``extra()`` may add packed commands to the handshake; ``on_extra(replies)`` then gets
-    their replies (an error reply among them fails the connection attempt).
+    their replies (an error reply among them fails the connection attempt).  With
+    ``on_push`` the connection is a pub/sub one (:class:`PushPipe`).
     """
 
     def __init__(
         self,
         label: str,
-        address: Address,
+        address: Target,
         *,
         connect_timeout: float,
         op_timeout: float,
@@ -351,6 +399,7 @@ class Link:
         scripts: Sequence[Script] = (),
         extra: Callable[[], list[bytes]] | None = None,
         on_extra: Callable[[list[Any]], None] | None = None,
+        on_push: OnReply | None = None,
     ) -> None:
         self.label = label
         self.address = address
@@ -363,13 +412,14 @@ class Link:
         self._scripts = tuple(scripts)
         self._extra = extra
         self._on_extra = on_extra
+        self.on_push = on_push
+        #: Where the current (or last) connection went.
+        self.connected_to: Address | None = None
         #: The current connection's pipe (None before the first and after a broken one).
         #: NOTE: usable while it is not ``broken``: see :meth:`eval`.
         self.pipe: Pipe | None = None
         self._connecting: asyncio.Task[Pipe] | None = None
         self.closed = False
-        #: Connections made so far (for tests and the curious).
-        self.connections = 0
 
     def __repr__(self) -> str:
         return f"<Link {self.label}>"
@@ -427,6 +477,21 @@ class Link:
 
         task.add_done_callback(send_when_ready)
 
+    async def connect(self) -> Pipe:
+        """The open connection, made now if there is none (raises if that fails)."""
+        pipe = self._usable()
+        if pipe is not None:
+            return pipe
+        if self.closed:
+            raise NodeConnectionError("the connection is closed")
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"aiodlock:{self.label}:connect"
+            )
+            task.add_done_callback(self._connected)
+        return await asyncio.shield(task)
+
     def call(self, data: bytes) -> asyncio.Future[Any]:
         """Send one packed command; the future gets its reply (or failure) as its result."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -441,27 +506,31 @@ class Link:
 
     async def _connect(self) -> Pipe:
         loop = asyncio.get_running_loop()
-        address = self.address
         pipe: Pipe | None = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                label, limit = self.label, self.op_timeout
+                target = self.address
+                address = target if isinstance(target, Address) else await target()
+                self.connected_to = address
+                label, limit, on_push = self.label, self.op_timeout, self.on_push
+
+                def protocol() -> Pipe:
+                    if on_push is None:
+                        return Pipe(label, limit)
+                    return PushPipe(label, limit, on_push)
+
                 if address.path is not None:
-                    _, pipe = await loop.create_unix_connection(
-                        lambda: Pipe(label, limit), address.path
-                    )
+                    _, pipe = await loop.create_unix_connection(protocol, address.path)
                 elif address.tls is not None:
                     _, pipe = await loop.create_connection(
-                        lambda: Pipe(label, limit),
+                        protocol,
                         address.host,
                         address.port,
                         ssl=address.tls(),
                         ssl_handshake_timeout=self.connect_timeout,
                     )
                 else:
-                    _, pipe = await loop.create_connection(
-                        lambda: Pipe(label, limit), address.host, address.port
-                    )
+                    _, pipe = await loop.create_connection(protocol, address.host, address.port)
                 await self._handshake(pipe)
         except BaseException as exc:
             if pipe is not None:
@@ -471,7 +540,6 @@ class Link:
                     f"no connection within {self.connect_timeout:g} s"
                 ) from exc
             raise
-        self.connections += 1
         return pipe
 
     async def _handshake(self, pipe: Pipe) -> None:
@@ -540,6 +608,11 @@ class Link:
 
     def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
         self.send(pack(*args), [deliver])
+
+    def idle(self) -> bool:
+        """No request is waiting for an answer on the current connection."""
+        pipe = self.pipe
+        return pipe is None or pipe.oldest() is None
 
     def drop(self, error: BaseException) -> None:
         """Close the current connection (the next request makes a new one)."""

@@ -1,0 +1,687 @@
+"""How the Redis backend reaches its deployment: URL settings, TLS, Sentinel, Cluster.
+
+Every deployment is spoken to over pipelined :class:`~._wire.Link` connections: one to a
+plain server, one to the master a Sentinel names (asked again for every new connection),
+one per Cluster master (the slot map read with ``CLUSTER SLOTS``, ``MOVED`` and ``ASK``
+answers followed).  redis-py is not used, but to read the settings of a ``client=`` the
+caller hands in (through its public attributes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import dataclasses
+import functools
+import itertools
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
+
+from ..._errors import ConfigurationError
+from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
+from .._base import CommonConfig, monotonic
+from ._node import Links, ServerLinks, eval_wait
+from ._scripts import ALL_SCRIPTS
+from ._wire import Address, Link, NodeConnectionError, OnReply, ReplyError, ScriptCall, Target, pack
+
+DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+
+Mode = Literal["server", "unix", "sentinel", "cluster"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    mode: Mode
+    tls: bool
+    hosts: tuple[tuple[str, int], ...]
+    socket_path: str | None
+    db: int
+    service_name: str | None
+    username: str | None
+    password: str | None = dataclasses.field(repr=False)
+    sentinel_username: str | None
+    sentinel_password: str | None = dataclasses.field(repr=False)
+    client_name: str | None
+    max_connections: int | None
+    ssl: dict[str, Any]
+    sync_replicas: int
+    sync_timeout: float
+    client: Any = dataclasses.field(repr=False)
+    shown: str
+
+
+SSL_CERT_REQS = ("required", "optional", "none")
+
+
+def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Settings:
+    """The settings of a ``redis``/``rediss``/``unix``/Sentinel/Cluster URL and its options."""
+    scheme = url.scheme
+    base, _, variant = scheme.partition("+")
+    tls = base == "rediss"
+    mode: Mode
+    if base == "unix":
+        mode = "unix"
+    elif variant == "sentinel":
+        mode = "sentinel"
+    elif variant == "cluster":
+        mode = "cluster"
+    else:
+        mode = "server"
+
+    client = options.pop("client", None)
+    found = None if client is None else _client_settings(client)
+    password = take_str(options, "password", url.password, secret=True)
+    username = take_str(options, "username", url.username)
+    sentinel_password = take_str(options, "sentinel_password", None, secret=True)
+    sentinel_username = take_str(options, "sentinel_username", None)
+    client_name = take_str(options, "client_name", None)
+    max_connections = take_int(options, "max_connections", 0, minimum=0) or None
+    sync_replicas = take_int(options, "sync_replicas", 0, minimum=0, maximum=100)
+    sync_timeout = take_float(
+        options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
+    )
+    assert sync_timeout is not None
+    if sync_replicas and sync_timeout >= config.op_timeout:
+        raise ConfigurationError(
+            f"option 'sync_timeout' ({sync_timeout:g} s) must be shorter than "
+            f"'op_timeout' ({config.op_timeout:g} s): WAIT runs inside one round trip"
+        )
+    ssl = take_ssl_options(options)
+    if ssl and not tls:
+        raise ConfigurationError(
+            f"TLS options ({', '.join(sorted(ssl))}) need a rediss:// URL, not {scheme}://"
+        )
+
+    db_option = take_int(options, "db", -1, minimum=0)
+    hosts: tuple[tuple[str, int], ...] = ()
+    socket_path: str | None = None
+    service_name: str | None = None
+    db = 0
+    path = url.path
+    if client is not None:
+        if url.hosts or path not in ("", "/") or url.password is not None:
+            raise ConfigurationError(
+                "with option 'client', the URL must not name a server "
+                f"(use '{scheme}://'), got {url.redacted()!r}"
+            )
+        if mode in ("sentinel", "unix"):
+            raise ConfigurationError(
+                f"option 'client' takes 'redis://' or 'redis+cluster://', not {scheme}://"
+            )
+        assert found is not None
+        if (mode == "cluster") != found["cluster"]:
+            raise ConfigurationError(
+                "option 'client': use 'redis+cluster://' with a RedisCluster client and "
+                "'redis://' with a Redis client"
+            )
+        hosts, socket_path, db = found["hosts"], found["path"], found["db"]
+        mode = "unix" if socket_path is not None else mode
+        tls, ssl = found["tls"], ssl or found["ssl"]
+        username = username or found["username"]
+        password = password or found["password"]
+        client_name = client_name or found["client_name"]
+    elif mode == "unix":
+        if url.hosts or not path or path == "/":
+            raise ConfigurationError(
+                "a unix URL is 'unix:///path/to/redis.sock' (options: ?db=N&password=...)"
+            )
+        socket_path = path
+    elif mode == "server":
+        if len(url.hosts) > 1:
+            raise ConfigurationError(
+                f"a {scheme}:// URL names one server; for several use "
+                f"'{base}+cluster://h1:p1,h2:p2', '{base}+sentinel://...' or 'redlock://'"
+            )
+        hosts = tuple(url.host_list(DEFAULT_PORT)) or (("localhost", DEFAULT_PORT),)
+        db = db_from_path(path)
+    elif mode == "sentinel":
+        if not url.hosts:
+            raise ConfigurationError(
+                f"a {scheme}:// URL lists the sentinels: "
+                f"'{scheme}://h1:26379,h2:26379/service_name'"
+            )
+        hosts = tuple(url.host_list(DEFAULT_SENTINEL_PORT))
+        parts = [p for p in path.split("/") if p]
+        if not parts or len(parts) > 2:
+            raise ConfigurationError(
+                f"a {scheme}:// URL ends with the service name: "
+                f"'{scheme}://h1:26379,h2:26379/mymaster' (optionally '/mymaster/DB')"
+            )
+        service_name = parts[0]
+        if len(parts) == 2:
+            db = db_from_path("/" + parts[1])
+    else:  # cluster
+        if not url.hosts:
+            raise ConfigurationError(
+                f"a {scheme}:// URL lists one or more nodes: '{scheme}://h1:7000,h2:7001'"
+            )
+        hosts = tuple(url.host_list(DEFAULT_PORT))
+        if path not in ("", "/", "/0"):
+            raise ConfigurationError(
+                f"Redis Cluster has only database 0; remove {path!r} from the URL"
+            )
+    if db_option >= 0:
+        if mode == "cluster" and db_option != 0:
+            raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
+        db = db_option
+
+    shown = url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})"
+    return Settings(
+        mode=mode,
+        tls=tls,
+        hosts=hosts,
+        socket_path=socket_path,
+        db=db,
+        service_name=service_name,
+        username=username,
+        password=password,
+        sentinel_username=sentinel_username,
+        sentinel_password=sentinel_password,
+        client_name=client_name,
+        max_connections=max_connections,
+        ssl=ssl,
+        sync_replicas=sync_replicas,
+        sync_timeout=sync_timeout,
+        client=client,
+        shown=shown,
+    )
+
+
+def db_from_path(path: str) -> int:
+    text = path.strip("/")
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ConfigurationError(f"the URL path must be the database number ('/0'), got {path!r}")
+    return int(text)
+
+
+def ssl_context_factory(options: dict[str, Any]) -> Callable[[], ssl.SSLContext]:
+    """The SSL context of these ``ssl_*`` options (by default the certificate is required
+    and the host name checked), made on first use (a missing file fails a connection)."""
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+    @functools.cache
+    def make() -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        verify = reqs[str(options.get("ssl_cert_reqs", "required")).lower()]
+        context.check_hostname = bool(options.get("ssl_check_hostname", True)) and bool(verify)
+        context.verify_mode = verify
+        if options.get("ssl_certfile"):
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+        if options.get("ssl_ca_certs") or options.get("ssl_ca_path"):
+            context.load_verify_locations(options.get("ssl_ca_certs"), options.get("ssl_ca_path"))
+        return context
+
+    return make
+
+
+def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the ``ssl_*`` options (for ``rediss`` URLs) and check them."""
+    ssl: dict[str, Any] = {}
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"):
+        value = take_str(options, name, None)
+        if value is not None:
+            ssl[name] = value
+    reqs = take_str(options, "ssl_cert_reqs", None)
+    if reqs is not None:
+        if reqs.lower() not in SSL_CERT_REQS:
+            raise ConfigurationError(
+                f"option 'ssl_cert_reqs' must be one of {', '.join(SSL_CERT_REQS)}, got {reqs!r}"
+            )
+        ssl["ssl_cert_reqs"] = reqs.lower()
+    if "ssl_check_hostname" in options:
+        ssl["ssl_check_hostname"] = take_bool(options, "ssl_check_hostname", True)
+    return ssl
+
+
+def _client_settings(client: Any) -> dict[str, Any]:
+    """Where a redis-py client (``client=``) connects, read through its public attributes.
+
+    The client itself is not used: aiodlock speaks over its own connections.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        nodes = client.nodes_manager.startup_nodes.values()
+        kwargs = client.nodes_manager.connection_kwargs
+        hosts = tuple((node.host, int(node.port)) for node in nodes)
+        path = None
+    elif isinstance(client, aioredis.Redis):
+        kwargs = client.connection_pool.connection_kwargs
+        path = kwargs.get("path")
+        hosts = () if path else ((kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))),)
+    else:
+        raise ConfigurationError(
+            "option 'client' must be a redis.asyncio.Redis or "
+            f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
+        )
+    ssl_options = {
+        name: kwargs[name]
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+        if kwargs.get(name)
+    }
+    tls = "ssl_cert_reqs" in kwargs or bool(kwargs.get("ssl"))
+    if tls:
+        reqs = kwargs.get("ssl_cert_reqs", "required")
+        names = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional"}
+        ssl_options["ssl_cert_reqs"] = names.get(
+            reqs, reqs if isinstance(reqs, str) else "required"
+        )
+        ssl_options["ssl_check_hostname"] = bool(kwargs.get("ssl_check_hostname", True))
+    return {
+        "cluster": isinstance(client, RedisCluster),
+        "hosts": hosts,
+        "path": path,
+        "db": int(kwargs.get("db") or 0),
+        "username": kwargs.get("username"),
+        "password": kwargs.get("password"),
+        "client_name": kwargs.get("client_name"),
+        "tls": tls,
+        "ssl": ssl_options,
+    }
+
+
+class SentinelMaster:
+    """Where the master a Sentinel names listens: asked again for every new connection
+    (a :data:`~._wire.Target`), so a link follows a failover when it reconnects."""
+
+    def __init__(self, s: Settings, config: CommonConfig, tls: Any) -> None:
+        assert s.service_name is not None
+        self.service = s.service_name
+        self._tls = tls
+        self._links = [
+            Link(
+                f"redis sentinel {host}:{port}",
+                Address(host, port, tls=tls),
+                connect_timeout=config.connect_timeout,
+                op_timeout=config.op_timeout,
+                username=s.sentinel_username,
+                password=s.sentinel_password,
+            )
+            for host, port in s.hosts
+        ]
+
+    async def __call__(self) -> Address:
+        failures = []
+        for link in self._links:
+            reply = await link.call(pack(b"SENTINEL", b"get-master-addr-by-name", self.service))
+            if isinstance(reply, list) and len(reply) == 2:
+                host, port = reply
+                return Address(host.decode(), int(port), tls=self._tls)
+            failures.append(f"{link.label}: {reply if reply is not None else 'unknown master'}")
+        raise NodeConnectionError(
+            f"no sentinel names the master of {self.service!r}: {'; '.join(failures)}"
+        )
+
+    def close(self) -> None:
+        for link in self._links:
+            link.close()
+
+
+SLOTS: Final = 16384
+
+
+def key_slot(key: bytes) -> int:
+    """The Cluster slot of ``key`` (CRC16/XMODEM of its hash tag, as Redis computes it)."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return binascii.crc_hqx(key, 0) % SLOTS
+
+
+class SlotUncovered(ConnectionError):
+    """No master is known for a slot (yet): the slot map is being read again."""
+
+
+class ClusterLinks:
+    """A Redis Cluster: one link per master, a call routed by its first key's slot.
+
+    The slot map comes from ``CLUSTER SLOTS``; it is read again (in the background, at most
+    every ``REFRESH`` seconds) after a ``MOVED`` or ``CLUSTERDOWN`` answer or a node that
+    failed, and a ``MOVED`` / ``ASK`` answer sends the call again where it points.
+    """
+
+    REFRESH: Final = 0.25
+
+    def __init__(self, seeds: Sequence[Address], make_link: Callable[[Address, str], Link]) -> None:
+        self._seeds = list(seeds)
+        self._make_link = make_link
+        self._tls = seeds[0].tls if seeds else None
+        self._slots: list[Address | None] = [None] * SLOTS
+        self._links: dict[Address, Link] = {}
+        self._wait_links: dict[Address, Link] = {}
+        self._refresh: asyncio.Task[None] | None = None
+        self._refreshed = -1e9
+        self._round = itertools.count()
+
+    # -- the slot map ----------------------------------------------------------------------
+
+    def address_of(self, key: bytes) -> Address | None:
+        """The master that serves ``key``'s slot, as far as known."""
+        return self._slots[key_slot(key)]
+
+    def link_to(self, address: Address) -> Link:
+        link = self._links.get(address)
+        if link is None:
+            link = self._links[address] = self._make_link(address, "redis")
+        return link
+
+    async def refresh(self) -> None:
+        """Read the slot map from a node (a known master first, then the seeds)."""
+        self._refreshed = monotonic()
+        known = [a for a in dict.fromkeys(self._slots) if a is not None]
+        failures = []
+        for address in dict.fromkeys([*known, *self._seeds]):
+            reply = await self.link_to(address).call(pack(b"CLUSTER", b"SLOTS"))
+            if isinstance(reply, list) and reply:
+                self._apply(reply, address)
+                return
+            failures.append(f"{address}: {reply}")
+        raise NodeConnectionError(f"no cluster node gave its slot map: {'; '.join(failures)}")
+
+    def _apply(self, reply: list[Any], via: Address) -> None:
+        slots: list[Address | None] = [None] * SLOTS
+        for entry in reply:
+            start, end, master = int(entry[0]), int(entry[1]), entry[2]
+            host = master[0].decode() if master[0] else via.host
+            if host != "?":
+                address = Address(host, int(master[1]), tls=self._tls)
+                slots[start : end + 1] = [address] * (end - start + 1)
+        self._slots = slots
+
+    def stale(self) -> None:
+        """Read the slot map again soon (in the background, at most every REFRESH s)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_later())
+
+    async def _refresh_later(self) -> None:
+        await asyncio.sleep(max(0.0, self._refreshed + self.REFRESH - monotonic()))
+        try:
+            await self.refresh()
+        except ConnectionError:
+            pass  # (the next failure asks again)
+
+    def reset(self) -> None:
+        self.stale()
+
+    async def next_master(self) -> Address:
+        """A master for the pub/sub connection (round robin over reconnects: a classic
+        PUBLISH reaches every node of a cluster)."""
+        if next(self._round):
+            self.stale()
+        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        if not masters:
+            await self.refresh()
+            masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        return masters[next(self._round) % len(masters)]
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def eval(self, call: ScriptCall, deliver: OnReply) -> None:
+        self._send(call, deliver, 0, None)
+
+    def _send(self, call: ScriptCall, deliver: OnReply, hops: int, asking: Address | None) -> None:
+        answered = functools.partial(self._answered, call, deliver, hops)
+        if asking is not None:
+            data = pack(b"ASKING") + call.data
+            self.link_to(asking).send(data, [_ignore, answered], [None, call])
+            return
+        address = self._slots[key_slot(call.keys[0])]
+        if address is None:
+            self.stale()
+            deliver(SlotUncovered(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
+            return
+        self.link_to(address).eval(call, answered)
+
+    def _answered(self, call: ScriptCall, deliver: OnReply, hops: int, reply: Any) -> None:
+        if type(reply) is ReplyError:
+            text = str(reply)
+            if text.startswith(("MOVED ", "ASK ")) and hops < 5:
+                kind, slot, where = text.split()
+                host, _, port = where.rpartition(":")
+                address = Address(host, int(port), tls=self._tls)
+                if kind == "MOVED":
+                    self._slots[int(slot)] = address
+                    self.stale()
+                    self._send(call, deliver, hops + 1, None)
+                else:
+                    self._send(call, deliver, hops + 1, address)
+                return
+            if text.startswith("CLUSTERDOWN"):
+                self.stale()
+        elif isinstance(reply, BaseException):
+            self.stale()  # (a node that fails or does not answer: failed over, maybe)
+        deliver(reply)
+
+    def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
+        """One write per master."""
+        replies: list[Any] = [None] * len(calls)
+        left = [len(calls)]
+        if not calls:
+            deliver([])
+            return
+
+        def collect(index: int, reply: Any) -> None:
+            replies[index] = reply
+            left[0] -= 1
+            if not left[0]:
+                failed = [r for r in replies if isinstance(r, BaseException)]
+                deliver(failed[0] if failed else replies)
+
+        groups: dict[Address | None, list[int]] = {}
+        for index, call in enumerate(calls):
+            groups.setdefault(self._slots[key_slot(call.keys[0])], []).append(index)
+        for address, indexes in groups.items():
+            if address is None:
+                for index in indexes:
+                    self._send(calls[index], functools.partial(collect, index), 0, None)
+                continue
+            callbacks: list[OnReply] = [
+                functools.partial(self._answered, calls[i], functools.partial(collect, i), 0)
+                for i in indexes
+            ]
+            data = b"".join(calls[i].data for i in indexes)
+            self.link_to(address).send(data, callbacks, [calls[i] for i in indexes])
+
+    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
+        address = self._slots[key_slot(call.keys[0])]
+        if address is None:
+            self._send(call, deliver, 0, None)  # (answers SlotUncovered)
+            return
+        link = self._wait_links.get(address)
+        if link is None:
+            link = self._wait_links[address] = self._make_link(address, "redis (WAIT)")
+
+        def done(result: Any) -> None:
+            first = result[0] if isinstance(result, list) else None
+            if type(first) is ReplyError and str(first).startswith(("MOVED ", "ASK ")):
+                # The slot moved: the script runs where it went; the WAIT asked the wrong
+                # master, so nothing is acknowledged.
+                self._answered(
+                    call, lambda r: deliver(r if isinstance(r, Exception) else [r, 0]), 0, first
+                )
+                return
+            if isinstance(result, BaseException):
+                self.stale()
+            deliver(result)
+
+        eval_wait(link, call, wait, done)
+
+    async def ping(self) -> None:
+        await self.refresh()
+        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        replies = await asyncio.gather(*(self.link_to(a).call(pack(b"PING")) for a in masters))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+
+    def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+        for link in [*self._links.values(), *self._wait_links.values()]:
+            link.close()
+
+
+def _ignore(reply: Any) -> None:
+    """The answer to ASKING."""
+
+
+def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, Callable[[], None]]:
+    """The command links of the deployment, the link for its pub/sub connection and what
+    closes whatever else was made (the sentinels' links)."""
+    tls = ssl_context_factory(s.ssl) if s.tls else None
+
+    def make_link(target: Target, label: str = "redis", *, pubsub: bool = False) -> Link:
+        return Link(
+            label,
+            target,
+            connect_timeout=config.connect_timeout,
+            op_timeout=config.op_timeout,
+            username=s.username,
+            password=s.password,
+            db=s.db,
+            client_name=s.client_name,
+            scripts=() if pubsub else ALL_SCRIPTS,
+        )
+
+    if s.mode == "cluster":
+        cluster = ClusterLinks([Address(h, p, tls=tls) for h, p in s.hosts], make_link)
+        return cluster, make_link(cluster.next_master, pubsub=True), _nothing
+    target: Target
+    closing = _nothing
+    if s.mode == "sentinel":
+        sentinel = SentinelMaster(s, config, tls)
+        target, closing = sentinel, sentinel.close
+    elif s.mode == "unix":
+        assert s.socket_path is not None
+        target = Address(path=s.socket_path)
+    else:
+        host, port = s.hosts[0]
+        target = Address(host, port, tls=tls)
+    links = ServerLinks(make_link(target), functools.partial(make_link, target, "redis (WAIT)"))
+    return links, make_link(target, pubsub=True), closing
+
+
+def _nothing() -> None:
+    pass
+
+
+# -- Redlock ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedlockSettings:
+    hosts: tuple[tuple[str, int], ...]
+    db: int
+    username: str | None
+    password: str | None = dataclasses.field(repr=False)
+    #: one password per node (URL order), when they differ; else None
+    passwords: tuple[str | None, ...] | None = dataclasses.field(repr=False)
+    node_timeout: float | None
+    drift_factor: float
+    retry_delay: float
+    rejoin_delay: float
+    tls: bool
+    ssl: dict[str, Any]
+    shown: str
+
+
+def take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ...] | None:
+    """The ``passwords`` option: one password (or None) per node, in the URL's order.
+
+    A keyword argument only (a list): a query parameter would put every secret in the URL.
+    """
+    value = options.pop("passwords", None)
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ConfigurationError(
+            "option 'passwords' needs a list with one password (or None) per node, in the "
+            "URL's order, given as a keyword argument (not in the URL)"
+        )
+    if len(value) != nodes:
+        raise ConfigurationError(
+            f"option 'passwords' has {len(value)} entries for {nodes} nodes: give one per "
+            f"node, in the URL's order (None for a node without a password)"
+        )
+    for item in value:
+        if item is not None and not isinstance(item, str):
+            raise ConfigurationError(
+                f"option 'passwords' needs strings (or None), got a {type(item).__name__}"
+            )
+    return tuple(value)
+
+
+def parse_redlock_settings(
+    url: ParsedURL, config: CommonConfig, options: dict[str, Any]
+) -> RedlockSettings:
+    """The settings of a ``redlock://`` URL and its options."""
+    if not url.hosts:
+        raise ConfigurationError(
+            "a redlock:// URL lists the Redis masters: 'redlock://h1:6379,h2:6379,h3:6379'"
+        )
+    hosts = tuple(url.host_list(DEFAULT_PORT))
+    seen: set[tuple[str, int]] = set()
+    for host in hosts:
+        if host in seen:
+            raise ConfigurationError(
+                f"redlock:// lists {host[0]}:{host[1]} twice: every node must be a "
+                f"different Redis master"
+            )
+        seen.add(host)
+    path = url.path.strip("/")
+    if path and not path.isdigit():
+        raise ConfigurationError(
+            f"the redlock:// URL path must be a database number ('/0'), got {url.path!r}"
+        )
+    db = int(path) if path else 0
+    password = take_str(options, "password", url.password, secret=True)
+    passwords = take_passwords(options, len(hosts))
+    if passwords is not None and password is not None:
+        raise ConfigurationError(
+            "give either 'password' (the same on every node) or 'passwords' (one per "
+            "node), not both"
+        )
+    username = take_str(options, "username", url.username)
+    node_timeout = take_float(options, "node_timeout", None, allow_zero=False, allow_none=True)
+    if node_timeout is not None and node_timeout * 2 > config.watchdog_ttl:
+        raise ConfigurationError(
+            f"option 'node_timeout' ({node_timeout:g} s) must be far below the lease "
+            f"(watchdog_ttl = {config.watchdog_ttl:g} s): at most half of it"
+        )
+    drift_factor = take_float(options, "drift_factor", 0.01, minimum=0.0)
+    assert drift_factor is not None
+    if drift_factor >= 0.5:
+        raise ConfigurationError(
+            f"option 'drift_factor' must be below 0.5 (0.01 is usual), got {drift_factor!r}"
+        )
+    retry_delay = take_float(options, "retry_delay", 0.2, allow_zero=False)
+    assert retry_delay is not None
+    rejoin_delay = take_float(options, "rejoin_delay", 0.0, minimum=0.0)
+    assert rejoin_delay is not None
+    tls = take_bool(options, "ssl", False)
+    ssl = take_ssl_options(options)
+    if ssl and not tls:
+        raise ConfigurationError(
+            f"the option(s) {', '.join(sorted(ssl))} need ssl=True (TLS to every node)"
+        )
+    return RedlockSettings(
+        hosts=hosts,
+        db=db,
+        username=username,
+        password=password,
+        passwords=passwords,
+        node_timeout=node_timeout,
+        drift_factor=drift_factor,
+        retry_delay=retry_delay,
+        rejoin_delay=rejoin_delay,
+        tls=tls,
+        ssl=ssl,
+        shown=url.redacted(),
+    )

@@ -1,0 +1,333 @@
+"""PubSubHub: one pub/sub connection shared by every waiter of a backend (or a Redlock node)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..._errors import describe
+from ..._wakeup import Backoff, Timer, WakeupBoard
+from .._base import monotonic
+from ._wire import Link, NodeConnectionError, PushPipe, pack
+
+log = logging.getLogger("aiodlock")
+
+
+#: What a release announces to whoever waits (any other message names the one it is for).
+_ANYONE = (b"released", b"next")
+
+
+class Channel:
+    """What the hub knows about one channel."""
+
+    __slots__ = (
+        "inflight",
+        "key",
+        "linger",
+        "missed",
+        "on_server",
+        "ready",
+        "ready_since",
+        "requested",
+        "wake_when_ready",
+        "wanted",
+    )
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the WakeupBoard key of its waiters
+        self.wanted = 0  # local waiters
+        self.requested = False  # the last command sent on this connection was SUBSCRIBE
+        self.inflight = 0  # (UN)SUBSCRIBE commands sent and not yet answered
+        self.on_server = False  # the server has us subscribed (as of the last answer)
+        self.ready = asyncio.Event()  # subscribed, and no command in flight
+        self.ready_since: float | None = None  # monotonic time ``ready`` was last set
+        self.wake_when_ready = False  # wake every waiter once ready (after a reconnect)
+        self.missed = 0  # messages that found no local waiter to wake
+        self.linger: asyncio.TimerHandle | None = None  # the pending UNSUBSCRIBE
+
+    def set_ready(self) -> None:
+        self.ready.set()
+        self.ready_since = monotonic()
+
+    def clear_ready(self) -> None:
+        self.ready.clear()
+        self.ready_since = None
+
+
+class _Silence:
+    """Notices a pub/sub connection that went silent: ``interval`` seconds after the last
+    thing read it sends PING; when nothing has come ``patience`` seconds later, it closes
+    the connection.  One timer per connection, not a timeout per message read."""
+
+    __slots__ = ("_interval", "_patience", "_pipe", "_sent", "timer")
+
+    def __init__(self, pipe: PushPipe, interval: float, patience: float) -> None:
+        self._pipe = pipe
+        self._interval = interval
+        self._patience = patience
+        self._sent: float | None = None  # when the unanswered PING went
+        self.timer = Timer(self._due)
+        self.timer.at(monotonic() + interval)
+
+    def _due(self, now: float) -> float | None:
+        pipe = self._pipe
+        if self._sent is not None:
+            if pipe.last < self._sent:
+                pipe.close(NodeConnectionError(f"no answer to PING within {self._patience} s"))
+                return None
+            self._sent = None
+        quiet_until = pipe.last + self._interval
+        if quiet_until > now:
+            return quiet_until
+        pipe.write(pack(b"PING"))
+        self._sent = now
+        return now + self._patience
+
+
+class PubSubHub:
+    """One pub/sub connection shared by every waiter of one backend (all names).
+
+    A waiter subscribes to its channel (:meth:`subscribe`) before its next attempt; the hub
+    subscribes when the first local waiter of a channel arrives (and waits, bounded, until
+    the server confirmed it, so a release after the attempt cannot be missed) and
+    unsubscribes when the last one leaves.  A message wakes ONE local waiter of that channel
+    (through the :class:`~aiodlock._waiting.WakeupBoard`).  The connection is PINGed when
+    idle; when it breaks, the hub reconnects with backoff, subscribes again and then wakes
+    every waiter of each restored channel (messages may have been missed meanwhile).
+    Until a channel is confirmed, its waiters also poll with backoff.
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        board: WakeupBoard,
+        *,
+        op_timeout: float,
+        ping_interval: float,
+        label: str = "redis",
+        secrets: tuple[str, ...] = (),
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        #: The pub/sub connection (its replies are pushed to the hub).
+        self.link = link
+        link.on_push = self._dispatch
+        self._on_reconnect = on_reconnect
+        self.board = board
+        self.op_timeout = op_timeout
+        self.ping_interval = ping_interval
+        self.label = label
+        self._secrets = secrets
+        self._channels: dict[bytes, Channel] = {}
+        self._pipe: PushPipe | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Seconds a subscription outlives its last local waiter.
+        self.linger = 1.0
+        self._served = False  # a connection was made before (so messages may be missed)
+        #: Set while connected.
+        self.connected = asyncio.Event()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def is_ready(self, channel: bytes) -> bool:
+        state = self._channels.get(channel)
+        return state is not None and state.ready.is_set()
+
+    def channels(self) -> list[bytes]:
+        """Channels this process is subscribed to (or subscribing to) now."""
+        return [ch for ch, st in self._channels.items() if st.wanted]
+
+    def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"aiodlock:{self.label}:pubsub"
+            )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.link.close()
+
+    def ready_since(self, channel: bytes) -> float | None:
+        """Since when (monotonic) ``channel`` is confirmed without interruption, or None."""
+        state = self._channels.get(channel)
+        return None if state is None else state.ready_since
+
+    async def subscribe(self, channel: bytes) -> Channel:
+        """Be subscribed to ``channel`` (shared with other local waiters) until :meth:`leave`.
+
+        Returns once the server confirmed it, or after ``op_timeout`` (the pub/sub
+        connection is down: the waiter then polls).  The subscription lingers for
+        ``linger`` seconds after the last local waiter left, so a task that waits again at
+        once (a loop on a contended lock, a fair waiter on its own channel) does not pay a
+        SUBSCRIBE round trip each time.  If this raises (a cancellation), it left already.
+        """
+        state = self._channels.get(channel)
+        if state is None:
+            state = self._channels[channel] = Channel(channel.decode("latin-1"))
+        state.wanted += 1
+        if state.linger is not None:
+            state.linger.cancel()
+            state.linger = None
+        try:
+            self.start()
+            if not state.requested and self._pipe is not None:
+                state.requested = True
+                state.inflight += 1
+                state.clear_ready()
+                self._send(b"SUBSCRIBE", channel)
+            if not state.ready.is_set():
+                # Bounded: if the pub/sub connection is down the waiter polls instead.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.op_timeout):
+                        await state.ready.wait()
+        except BaseException:
+            self.leave(channel, state)
+            raise
+        return state
+
+    def leave(self, channel: bytes, state: Channel) -> None:
+        """One local waiter no longer needs ``channel`` (see :meth:`subscribe`)."""
+        state.wanted -= 1
+        if state.wanted == 0:
+            if state.requested and self._pipe is not None:
+                loop = asyncio.get_running_loop()
+                state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
+            elif state.inflight == 0 and self._channels.get(channel) is state:
+                del self._channels[channel]
+
+    def _unsubscribe(self, channel: bytes, state: Channel) -> None:
+        state.linger = None
+        if state.wanted or self._channels.get(channel) is not state:
+            return
+        if state.requested and self._pipe is not None:
+            state.requested = False
+            state.inflight += 1
+            state.missed = 0
+            state.clear_ready()
+            self._send(b"UNSUBSCRIBE", channel)
+        elif state.inflight == 0:
+            del self._channels[channel]
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def _send(self, *args: bytes) -> None:
+        if self._pipe is not None:
+            self._pipe.write(pack(*args))
+
+    async def _run(self) -> None:
+        backoff = Backoff(first=0.02, cap=1.0)
+        link = self.link
+        while not self._closed:
+            served = False
+            try:
+                async with asyncio.timeout(link.connect_timeout + self.op_timeout):
+                    pipe = await link.connect()
+                assert isinstance(pipe, PushPipe)
+                served = True
+                await self._serve(pipe)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug(
+                    "aiodlock: %s pub/sub connection lost: %s",
+                    self.label,
+                    describe(exc, self._secrets),
+                )
+            finally:
+                self._disconnected()
+                link.drop(NodeConnectionError("the pub/sub connection was given up"))
+            if served:
+                backoff.reset()
+            await asyncio.sleep(backoff.next())
+
+    def _disconnected(self) -> None:
+        self._pipe = None
+        self.connected.clear()
+        for channel, state in list(self._channels.items()):
+            state.requested = False
+            state.inflight = 0
+            state.on_server = False
+            state.missed = 0
+            state.clear_ready()
+            if state.linger is not None:
+                state.linger.cancel()
+                state.linger = None
+            if not state.wanted:
+                del self._channels[channel]
+
+    async def _serve(self, pipe: PushPipe) -> None:
+        # NOTE: no await between collecting the wanted channels and publishing the
+        # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
+        wanted = [ch for ch, st in self._channels.items() if st.wanted]
+        reconnect, self._served = self._served, True
+        for channel in wanted:
+            state = self._channels[channel]
+            state.requested = True
+            state.inflight = 1
+            # After a reconnect, messages may have been missed: wake every waiter once the
+            # channel is back.  (On the first connection the waiters are still waiting for
+            # the subscription, and they make their attempt right after it anyway.)
+            state.wake_when_ready = reconnect
+        self._pipe = pipe
+        if wanted:
+            self._send(b"SUBSCRIBE", *wanted)
+        self.connected.set()
+        if reconnect and self._on_reconnect is not None:
+            # The server may have restarted or failed over: so may the command connections.
+            self._on_reconnect()
+        # NOTE: one timer for the connection's silence, not a timeout per message read.
+        silence = _Silence(pipe, self.ping_interval, self.op_timeout)
+        try:
+            raise await asyncio.shield(pipe.lost)
+        finally:
+            silence.timer.cancel()
+
+    def _dispatch(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = reply[0]
+        if isinstance(kind, str):
+            kind = kind.encode()
+        channel = reply[1]
+        if isinstance(channel, str):
+            channel = channel.encode("latin-1")
+        state = self._channels.get(channel)
+        if kind == b"message":
+            if state is None or not state.requested:
+                return
+            said = reply[2] if len(reply) > 2 else b""
+            if isinstance(said, str):
+                said = said.encode("utf-8", "surrogatepass")
+            if said not in _ANYONE:
+                # The lock is kept for the first waiter in line, whom the message names: wake
+                # it if it waits in this process (nobody else may take the lock).
+                self.board.wake_tagged(state.key, said)
+            elif not self.board.wake_one(state.key):
+                # Nobody to wake right now: the next local waiter of this channel makes an
+                # attempt at once (it may have made its last one before this release).
+                state.missed += 1
+        elif kind == b"subscribe":
+            if state is None:
+                return
+            state.inflight = max(0, state.inflight - 1)
+            state.on_server = True
+            if state.inflight == 0 and state.requested:
+                state.set_ready()
+                if state.wake_when_ready:
+                    state.wake_when_ready = False
+                    self.board.wake_all(state.key)
+        elif kind == b"unsubscribe":
+            if state is None:
+                return
+            state.inflight = max(0, state.inflight - 1)
+            state.on_server = False
+            if state.inflight == 0 and not state.wanted and not state.requested:
+                del self._channels[channel]

@@ -1,0 +1,625 @@
+"""``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
+
+Each master keeps the same data as a plain ``redis://`` lock: the key layout and the Lua
+scripts of :mod:`aiodlock.backends._redis_scripts` (shared with the Redis backend, run by
+SHA).  This module adds the quorum on top:
+
+1. note the start on the monotonic clock;
+2. ask every node AT ONCE, each answer awaited at most ``node_timeout``; a node that times
+   out or fails counts as a no;
+3. the lock is held only if a majority (``N // 2 + 1``) said yes and the time spent is
+   below the ttl: the lease is then valid until ``start + ttl - drift`` with
+   ``drift = ttl * drift_factor + 2 ms``;
+4. otherwise the attempt is undone on every node that granted or did not answer (all at
+   once) and the waiting loop of the core tries again later (after a random pause of at
+   most ``retry_delay`` when the vote was split);
+5. renewals (batched by the core's watchdog) and releases fan out the same way;
+6. a waiter listens to the release channel of the name on every node (one shared pub/sub
+   connection per node, :class:`aiodlock.backends.redis.PubSubHub`) and also retries at
+   random intervals, so a lost message or a dead node never strands it;
+7. the fencing token is the largest of the per-node ``INCR`` counters among the nodes that
+   granted; when they differ, the lagging counters are raised to it on a majority before the
+   grant is returned (so that, while no counter is lost, every later grant sees it);
+8. ``rejoin_delay``: a node that lost its data (a restart without persistence, detected by a
+   marker key that vanished) does not count towards a majority until that long after it was
+   first seen empty.
+
+Each node is spoken to over ONE pipelined connection (:class:`~._redis_wire.Link`, shared with
+the Redis backend): requests are written
+in order and the replies matched in order, so a fan-out costs one write per node and one
+wake-up of the caller, not a task and a pooled connection per node; and every request to a
+node runs after the ones sent before it (an attempt's clean-up can never overtake the
+attempt, even on a node that was paused in between).  A request that is not answered in
+time is not cancelled on the wire: its reply is read and dropped when it comes.
+
+See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import random
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, Self
+
+from ..._errors import BackendError, describe
+from ..._types import LockStatus
+from ..._url import ParsedURL
+from .._base import (
+    Backend,
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
+from ._node import acquire_call, ms, release_calls
+from ._pubsub import PubSubHub
+from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered, any_answer
+from ._redlock_waiting import RedlockLocal, RedlockWaiting
+from ._scripts import (
+    ABANDON,
+    FORCE_RELEASE,
+    RAISE_COUNTER,
+    REDLOCK_SCRIPTS,
+    REJOIN,
+    RENEW,
+    STATUS,
+    LockKeys,
+    Memo,
+    key_table,
+)
+from ._wire import Address, CallTemplate, Link, ScriptCall, pack
+
+__all__ = ["RedlockBackend"]
+
+log = logging.getLogger("aiodlock")
+
+#: ``node_timeout`` when not given: ``min(50 ms, ttl / 100)`` but at least this.
+MIN_NODE_TIMEOUT: Final = 0.01
+MAX_AUTO_NODE_TIMEOUT: Final = 0.05
+#: Added to ``ttl * drift_factor`` (the Redlock paper's 2 ms for the timer resolution).
+DRIFT_FLOOR: Final = 0.002
+
+
+@dataclasses.dataclass(slots=True)
+class GrantData:
+    keys: LockKeys
+    channel_key: str
+    #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
+    tokens: dict[int, int]
+    #: the lease's token (the largest of them)
+    token: int
+    #: the acquire's ballot (its replies still come in after the grant)
+    ballot: Votes
+
+
+class RedlockBackend(Backend):
+    """Redlock: a lock is held when a majority of N independent Redis masters granted it.
+
+    See ``docs/backends/redlock.md`` for the algorithm, its guarantees and its limits.
+    """
+
+    backend_name = "redlock"
+    # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
+    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+
+    def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._namespace = config.namespace
+        self.quorum = len(settings.hosts) // 2 + 1
+        self._nodes: list[Node] = []
+        #: Per node, from when its votes count; None while every node counts (rejoin_delay)
+        self._after: list[float] | None = None
+        #: This process's waiters and what it knows of each name (local policy).
+        self.waiting = RedlockLocal(config.op_timeout, settings.retry_delay)
+        #: The rejoin marker (see REJOIN), one per namespace and node.
+        self.marker = config.namespace.encode() + b":redlock:rejoin"
+        every = (settings.password, *(settings.passwords or ()))
+        self.secrets = tuple(p for p in every if p)
+        self._patience = self.node_timeout(config.watchdog_ttl)
+        self.fan = Quorum(self.quorum, self.secrets)
+        self._keys = key_table(config.namespace)
+        #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            release_calls
+        )
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(parse_redlock_settings(url, config, options), config)
+
+    def describe(self) -> str:
+        return self.settings.shown
+
+    def node_timeout(self, ttl: float) -> float:
+        """How long an acquire waits for one node's answer, for a lease of ``ttl`` seconds."""
+        if self.settings.node_timeout is not None:
+            return self.settings.node_timeout
+        return max(MIN_NODE_TIMEOUT, min(MAX_AUTO_NODE_TIMEOUT, ttl / 100))
+
+    def drift(self, ttl: float) -> float:
+        """Clock drift allowance subtracted from a lease's validity."""
+        return ttl * self.settings.drift_factor + DRIFT_FLOOR
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The nodes (after :meth:`open`), in URL order."""
+        if not self._nodes:
+            raise BackendError("redlock: the backend is not open")
+        return self._nodes
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _build_node(self, index: int, host: str, port: int) -> Node:
+        s = self.settings
+        password = s.password if s.passwords is None else s.passwords[index]
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        node = Node(index, address, self.secrets)
+        tls = ssl_context_factory(s.ssl) if s.tls else None
+        node.link = Link(
+            node.label,
+            Address(host, port, tls=tls),
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            username=s.username,
+            password=password,
+            db=s.db,
+            scripts=REDLOCK_SCRIPTS,
+            extra=self._rejoin_check if s.rejoin_delay > 0 else None,
+            on_extra=functools.partial(self._rejoined, node),
+        )
+        # The node's pub/sub connection: the same transport, in subscribe mode.
+        pubsub = Link(
+            node.label,
+            Address(host, port, tls=tls),
+            connect_timeout=self.config.connect_timeout,
+            op_timeout=self.config.op_timeout,
+            username=s.username,
+            password=password,
+            db=s.db,
+        )
+        node.hub = PubSubHub(
+            pubsub,
+            self.waiting.board,
+            op_timeout=self.config.op_timeout,
+            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
+            label=node.label,
+            secrets=self.secrets,
+        )
+        return node
+
+    def _rejoin_check(self) -> list[bytes]:
+        """The handshake's extra command with ``rejoin_delay``: the REJOIN script."""
+        return [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(self.settings.rejoin_delay))]
+
+    def _rejoined(self, node: Node, replies: list[Any]) -> None:
+        """The REJOIN script's answer: from when ``node``'s votes count."""
+        if not replies:
+            return
+        left = replies[-1] if isinstance(replies[-1], int) else 0
+        node.counts_after = monotonic() + max(0, left) / 1000
+        delayed = [n.counts_after for n in self._nodes]
+        self._after = delayed if max(delayed) > -math.inf else None
+        if left > 0:
+            log.warning(
+                "aiodlock: %s has lost its data (restarted without persistence?); its "
+                "votes count again in %.1f s (rejoin_delay)",
+                node.label,
+                left / 1000,
+            )
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._after = None
+        self._nodes = [
+            self._build_node(i, host, port) for i, (host, port) in enumerate(self.settings.hosts)
+        ]
+        outcomes = await self.fan(
+            self._nodes,
+            lambda node, deliver: node.link.command((b"PING",), deliver),
+            what="connect",
+            timeout=self.config.connect_timeout * 0.9,
+            patience=self._patience,
+            vote=any_answer,  # a majority is enough; the others go on connecting
+        )
+        count = answered(outcomes)
+        if count < self.quorum:
+            raise BackendError(
+                f"redlock: only {count} of {len(self._nodes)} nodes answered, a majority "
+                f"({self.quorum}) is needed: {self.fan.errors(outcomes)}"
+            )
+        for node, outcome in zip(self._nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                reason = describe(outcome, self.secrets)
+                log.warning("aiodlock: %s is not answering (yet): %s", node.label, reason)
+
+    async def aclose(self) -> None:
+        nodes, self._nodes = self._nodes, []
+        for node in nodes:
+            node.link.close()
+        for node in nodes:
+            await node.hub.aclose()
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` (the same on every node)."""
+        return self._keys(name)
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        keys = self.keys_for(request.name)
+        ckey = keys.channel_key
+        waiting = self.waiting
+        decided = waiting.before_attempt(ckey, request.owner, will_wait)
+        if isinstance(decided, Busy):
+            return decided
+        local, handoff = decided
+        until: float | None = None
+        try:
+            result = await self._attempt(keys, ckey, request, will_wait)
+            if isinstance(result, Grant):
+                until = result.expires_at
+                assert until is not None
+            return result
+        finally:
+            waiting.after_attempt(ckey, local, handoff, request.owner, until)
+
+    async def _attempt(
+        self, keys: LockKeys, ckey: str, request: Request, will_wait: bool
+    ) -> Grant | Busy:
+        nodes = self.nodes
+        owner = request.owner
+        ttl = request.ttl
+        timeout = self.node_timeout(ttl)
+        quorum = self.quorum
+        started = monotonic()
+        ballot = Votes(len(nodes), quorum, acquire=True, after=self._after)
+        # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
+        # on their connections, before any later request of ours there).
+        self.fan.start(nodes, self._acquire_calls((keys, owner, ms(ttl))), ballot)
+        await self.fan.finish(ballot, timeout=timeout, patience=0.0)
+        drift = self.drift(ttl)
+        tokens = ballot.tokens
+        assert tokens is not None  # (an acquire's)
+        if ballot.yes >= quorum and monotonic() - started + drift < ttl:
+            token = max(tokens.values())
+            level = min(tokens.values()) == token or await self._raise_counters(
+                keys, tokens, token, timeout
+            )
+            if level and monotonic() - started + drift < ttl:
+                # NOTE: the ballot's own tokens: a node that grants after the vote adds its
+                # token there, and the release and renewals then send it that token.
+                data = GrantData(keys, ckey, tokens, token, ballot)
+                return Grant(request.name, owner, token, started + ttl - drift, data)
+        outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
+        busy_pttls: list[int] = []
+        busy_nodes: set[int] = set()
+        failed = 0
+        broken = 0
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failed += 1
+                if not isinstance(outcome, TimeoutError):
+                    broken += 1
+            else:
+                granted, value = acquire_reply(outcome)
+                if not granted:
+                    busy_nodes.add(node.index)
+                    busy_pttls.append(value)
+        # Not held: undo it wherever it may have been set (every node that did not say no).
+        # NOTE: on each node the undo runs after the attempt (same connection, in order),
+        # even where the attempt's answer is still on its way.
+        undo = [node for node in nodes if node.index not in busy_nodes]
+        if undo:
+            await self._undo(keys, owner, undo)
+        if broken > len(nodes) - quorum:
+            # NOTE: only failures that a second attempt at once will not cure (refused
+            # connections, errors): timeouts are retried, as a stall of this process makes
+            # every node "time out".
+            error = BackendError(
+                f"redlock: {broken} of {len(nodes)} nodes failed on {request.name!r}, so no "
+                f"majority ({quorum}) is possible: {self.fan.errors(outcomes)}"
+            )
+            # Nodes that cannot be reached (restarting, say) may come back: a waiting
+            # acquire then tries again for a while (the core bounds it, see _waiting).
+            error.transient = all(
+                isinstance(o, BackendError) and o.transient
+                for o in outcomes
+                if isinstance(o, BaseException) and not isinstance(o, TimeoutError)
+            )
+            raise error
+        if len(busy_nodes) >= quorum:
+            # Held by someone: wake when enough of the holder's keys would have expired.
+            pttls = sorted(p for p in busy_pttls if p >= 0)
+            needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
+            return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
+        # A split vote (or nodes not counted yet): try again after a random pause.
+        pause = random.uniform(0.0, self.settings.retry_delay)
+        if will_wait:
+            self.waiting.pause(ckey, owner, pause)
+        return Busy(pause)
+
+    async def _raise_counters(
+        self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
+    ) -> bool:
+        """Raise the lagging counters of the granting nodes to ``token``.
+
+        True when a majority of counted nodes is then at ``token`` or above, so every later
+        grant (whose majority shares a node with this one) gets a larger token.
+        """
+        nodes = self.nodes
+        lagging = [nodes[i] for i, t in tokens.items() if t < token]
+        call = ScriptCall(RAISE_COUNTER, (keys.counter,), (token,))
+        outcomes = await self.fan(
+            lagging,
+            call,
+            what="raise the fencing counter",
+            timeout=timeout,
+        )
+        now = monotonic()
+        level = sum(1 for i, t in tokens.items() if t >= token and nodes[i].counts(now))
+        for node, outcome in zip(lagging, outcomes, strict=True):
+            if not isinstance(outcome, BaseException) and node.counts(now):
+                level += 1
+        return level >= self.quorum
+
+    async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[Node]) -> list[Outcome]:
+        """Remove ``owner``'s keys from ``nodes``, all at once."""
+        call = ScriptCall(
+            ABANDON,
+            (keys.lock, keys.queue, keys.deadlines),
+            (owner, keys.channel, keys.waiter_prefix),
+        )
+        return await self.fan(
+            nodes,
+            call,
+            what="abandon",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            decided=lambda outcomes: True,
+        )
+
+    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+        channel = self.keys_for(request.name).channel
+        return RedlockWaiting(self.waiting, self, channel, request.owner)
+
+    def hubs(self) -> list[PubSubHub]:
+        """The nodes' pub/sub hubs (after :meth:`open`)."""
+        return [node.hub for node in self.nodes]
+
+    def majority_since(self, channel: bytes) -> float | None:
+        """Since when a majority of the nodes has ``channel`` confirmed without a break."""
+        since = sorted(
+            t for t in (node.hub.ready_since(channel) for node in self.nodes) if t is not None
+        )
+        return since[self.quorum - 1] if len(since) >= self.quorum else None
+
+    async def await_subscriptions(self, channel: bytes, tasks: list[asyncio.Task[Any]]) -> None:
+        """Until a majority of the nodes confirmed ``channel`` (or ``tasks`` ended), briefly."""
+        nodes = self.nodes
+        deadline = monotonic() + min(self.config.op_timeout, max(0.25, 5 * self._patience))
+        pending = set(tasks)
+        while pending:
+            if sum(1 for node in nodes if node.hub.is_ready(channel)) >= self.quorum:
+                return
+            left = deadline - monotonic()
+            if left <= 0:
+                return
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        if not grants:
+            return []
+        nodes = self.nodes
+        data = [grant_data(g) for g in grants]
+        lease_ms = ms(ttl)
+        quorum = self.quorum
+        n = len(nodes)
+
+        made: dict[tuple[int, int | str], ScriptCall] = {}
+
+        def calls(node: Node) -> list[ScriptCall]:
+            out = []
+            for i, (g, d) in enumerate(zip(grants, data, strict=True)):
+                token: int | str = d.tokens.get(node.index, "")
+                call = made.get((i, token))
+                if call is None:
+                    call = made[(i, token)] = ScriptCall(
+                        RENEW, (d.keys.lock,), (g.owner, token, lease_ms)
+                    )
+                out.append(call)
+            return out
+
+        def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
+            yes = [0] * len(grants)
+            unknown = [0] * len(grants)
+            for node, outcome in zip(nodes, outcomes, strict=True):
+                if not isinstance(outcome, list):  # failed, or no answer (yet)
+                    for i in range(len(grants)):
+                        unknown[i] += 1
+                elif node.counts(now):
+                    for i, ok in enumerate(outcome):
+                        if ok == 1:
+                            yes[i] += 1
+            return yes, unknown
+
+        def decided(replies: list[Any]) -> bool:
+            yes, unknown = tally(replies, monotonic())
+            return all(y >= quorum or y + u < quorum for y, u in zip(yes, unknown, strict=True))
+
+        started = monotonic()
+        outcomes = await self.fan(
+            nodes,
+            lambda node, deliver: node.link.eval_many(calls(node), deliver),
+            what="renew",
+            timeout=self.config.op_timeout * 0.8,
+            patience=0.0,
+            decided=decided,
+        )
+        now = monotonic()
+        yes, unknown = tally(outcomes, now)
+        drift = self.drift(ttl)
+        valid = now - started + drift < ttl
+        results: list[float | None] = []
+        undecided = 0
+        for i, (grant, d) in enumerate(zip(grants, data, strict=True)):
+            if yes[i] >= quorum and valid:
+                expires_at = started + ttl - drift
+                results.append(expires_at)
+                self.waiting.renewed(d.channel_key, grant.owner, expires_at)
+            elif yes[i] + unknown[i] < quorum or not valid:
+                results.append(None)
+                self.waiting.forget_holder(d.channel_key, grant.owner)
+            else:
+                undecided += 1
+                results.append(None)
+        if undecided:
+            raise BackendError(
+                f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
+                f"{quorum} of {n} nodes: {self.fan.errors(outcomes)}"
+            )
+        return results
+
+    async def release(self, grant: Grant) -> bool:
+        return await self.start_release(grant)
+
+    def start_release(self, grant: Grant) -> Awaitable[bool]:
+        # The requests leave at once (pipelined links); the core's bookkeeping then runs
+        # while the nodes work.
+        nodes = self._nodes
+        d = grant.data
+        if not nodes or not isinstance(d, GrantData):
+            return self._release_failed(grant)
+        template, anyone = self._release_calls((d.keys, grant.owner))
+        tokens = d.tokens
+        token = d.token
+        common = template.fill(token)
+        request: ScriptCall | list[ScriptCall] = common
+        if len(tokens) < len(nodes) or d.ballot.mixed:
+            request = []
+            for index in range(len(nodes)):
+                mine = tokens.get(index)
+                if mine is None:
+                    request.append(anyone)  # (it may have granted after the vote: any token)
+                elif mine == token:
+                    request.append(common)
+                else:
+                    request.append(template.fill(mine))  # (a lagging counter, raised since)
+        tally = Votes(len(nodes), self.quorum, acquire=False)
+        self.fan.start(nodes, request, tally)
+        return self._finish_release(grant, d, tally)
+
+    async def _release_failed(self, grant: Grant) -> bool:
+        grant_data(grant)  # TypeError for a grant of another backend
+        raise BackendError("redlock: the backend is not open")
+
+    async def _finish_release(self, grant: Grant, d: GrantData, tally: Votes) -> bool:
+        try:
+            await self.fan.finish(tally, timeout=self.config.op_timeout, patience=0.0)
+        finally:
+            self.waiting.released(d.channel_key, grant.owner)
+        if tally.yes >= tally.need:
+            return True
+        n = len(tally.replies)
+        if tally.no > n - tally.need:
+            return False
+        outcomes = self.fan.outcomes(self.nodes, tally.replies, "release", self.config.op_timeout)
+        raise BackendError(
+            f"redlock: the release of {grant.name!r} reached only {tally.yes + tally.no} of "
+            f"{n} nodes ({tally.yes} released); the rest expires with the lease: "
+            f"{self.fan.errors(outcomes)}"
+        )
+
+    async def abandon(self, request: Request) -> None:
+        keys = self.keys_for(request.name)
+        ckey = keys.channel.decode("latin-1")
+        owner = request.owner
+        self.waiting.abandoned(ckey, owner)
+        try:
+            outcomes = await self._undo(keys, owner, self.nodes)
+        finally:
+            self.waiting.forget_holder(ckey, owner)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise BackendError(
+                f"redlock: could not clean up {request.name!r} on {len(failed)} node(s) yet "
+                f"(what is left there expires with its lease): {self.fan.errors(outcomes)}"
+            )
+
+    async def status(self, name: str) -> LockStatus | None:
+        keys = self.keys_for(name)
+        nodes = self.nodes
+        call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
+        outcomes = await self.fan(
+            nodes,
+            call,
+            what="status",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            vote=any_answer,
+        )
+        if answered(outcomes) < self.quorum:
+            raise BackendError(
+                f"redlock: only {answered(outcomes)} of {len(nodes)} nodes answered: "
+                f"{self.fan.errors(outcomes)}"
+            )
+        holders: dict[str, list[tuple[int, int]]] = {}
+        for outcome in outcomes:
+            if outcome and not isinstance(outcome, BaseException):
+                raw_owner, token, pttl = outcome[0], int(outcome[1]), int(outcome[2])
+                owner = raw_owner.decode("utf-8", "surrogateescape")
+                holders.setdefault(owner, []).append((token, pttl))
+        for owner, held in holders.items():
+            if len(held) >= self.quorum:
+                token = max(t for t, _ in held)
+                # The lease lasts while a majority of its keys do.
+                pttls = sorted((p for _, p in held), reverse=True)
+                left = pttls[self.quorum - 1]
+                return LockStatus(name, owner, token, left / 1000 if left >= 0 else None, None)
+        return None
+
+    async def force_release(self, name: str) -> bool:
+        keys = self.keys_for(name)
+        nodes = self.nodes
+        call = ScriptCall(
+            FORCE_RELEASE,
+            (keys.lock, keys.queue, keys.deadlines),
+            (keys.channel, keys.waiter_prefix),
+        )
+        outcomes = await self.fan(
+            nodes,
+            call,
+            what="force_release",
+            timeout=self.config.op_timeout,
+            patience=self._patience,
+            vote=any_answer,
+        )
+        if answered(outcomes) < self.quorum:
+            raise BackendError(
+                f"redlock: force_release of {name!r} reached only {answered(outcomes)} of "
+                f"{len(nodes)} nodes: {self.fan.errors(outcomes)}"
+            )
+        return any(o == 1 for o in outcomes)
+
+
+def grant_data(grant: Grant) -> GrantData:
+    data = grant.data
+    if not isinstance(data, GrantData):
+        raise TypeError(f"not a redlock grant: {grant!r}")
+    return data
