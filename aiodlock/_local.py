@@ -189,9 +189,9 @@ class LocalWaiters:
         if isinstance(result, Grant):
             entry.waiter.wake()
             return True
-        if result and self.hears_release(grant.name):
-            # Released without a hand-over (the protocol gave the turn to someone else).
-            self.reservations.reserve(grant.name)
+        # NOTE: released without a hand-over, the protocol gave the turn to someone else (the
+        # first in a line on the server, which lets nobody past it): no reservation here,
+        # which would only hold this client's waiters back while another process goes first.
         return result
 
     # -- waiting ------------------------------------------------------------------------------
@@ -212,7 +212,9 @@ class LocalWaiters:
             return delivered
         reservations = self.reservations
         reserved = False
-        if reservations:
+        if reservations and not request.urgent:
+            # (an urgent request goes in line on the server, which keeps the order: holding
+            # it back here would only keep it out of that line)
             name = request.name
             barred = reservations.bar(name, entry.woken)
             if barred is not None:
