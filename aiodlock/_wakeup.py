@@ -290,37 +290,39 @@ class Timer:
 
     :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
     comparison); when it fires it calls ``due(now)``, which handles whatever is due and
-    returns the next deadline, or None to rest until :meth:`at` is called again.  A timer
+    returns the next deadline, or None to rest until :meth:`at` is called again.  ``handle``
+    is None while it rests (a caller whose deadlines only grow need not call :meth:`at`
+    while it is armed).  A timer
     per request (armed, then cancelled when the answer comes a fraction of a millisecond
     later) costs a heap push and a cancellation each time; this costs one per earliest
     deadline.
     """
 
-    __slots__ = ("_handle", "_when", "due")
+    __slots__ = ("_when", "due", "handle")
 
     def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
         self.due = due
-        self._handle: asyncio.TimerHandle | None = None
+        self.handle: asyncio.TimerHandle | None = None
         self._when = 0.0
 
     def at(self, when: float) -> None:
         """Fire at ``when`` at the latest."""
-        handle = self._handle
+        handle = self.handle
         if handle is not None:
             if when >= self._when:
                 return
             handle.cancel()
         self._when = when
         loop = asyncio.get_running_loop()
-        self._handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
+        self.handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
 
     def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
     def _fire(self) -> None:
-        self._handle = None
+        self.handle = None
         when = self.due(monotonic())
         if when is not None:
             self.at(when)

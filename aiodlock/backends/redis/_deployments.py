@@ -23,7 +23,17 @@ from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
 from .._base import CommonConfig, monotonic
 from ._node import Links, ServerLinks, eval_wait
 from ._scripts import ALL_SCRIPTS
-from ._wire import Address, Link, NodeConnectionError, OnReply, ReplyError, ScriptCall, Target, pack
+from ._wire import (
+    Address,
+    Link,
+    NodeConnectionError,
+    OnReply,
+    ReplyError,
+    ScriptCall,
+    Target,
+    collector,
+    pack,
+)
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -44,7 +54,6 @@ class Settings:
     sentinel_username: str | None
     sentinel_password: str | None = dataclasses.field(repr=False)
     client_name: str | None
-    max_connections: int | None
     ssl: dict[str, Any]
     sync_replicas: int
     sync_timeout: float
@@ -77,7 +86,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
     sentinel_password = take_str(options, "sentinel_password", None, secret=True)
     sentinel_username = take_str(options, "sentinel_username", None)
     client_name = take_str(options, "client_name", None)
-    max_connections = take_int(options, "max_connections", 0, minimum=0) or None
+    take_int(options, "max_connections", 0, minimum=0)  # (no effect: one connection a server)
     sync_replicas = take_int(options, "sync_replicas", 0, minimum=0, maximum=100)
     sync_timeout = take_float(
         options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
@@ -180,7 +189,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         sentinel_username=sentinel_username,
         sentinel_password=sentinel_password,
         client_name=client_name,
-        max_connections=max_connections,
         ssl=ssl,
         sync_replicas=sync_replicas,
         sync_timeout=sync_timeout,
@@ -375,9 +383,8 @@ class ClusterLinks:
     async def refresh(self) -> None:
         """Read the slot map from a node (a known master first, then the seeds)."""
         self._refreshed = monotonic()
-        known = [a for a in dict.fromkeys(self._slots) if a is not None]
         failures = []
-        for address in dict.fromkeys([*known, *self._seeds]):
+        for address in dict.fromkeys([*self.masters(), *self._seeds]):
             reply = await self.link_to(address).call(pack(b"CLUSTER", b"SLOTS"))
             if isinstance(reply, list) and reply:
                 self._apply(reply, address)
@@ -413,13 +420,18 @@ class ClusterLinks:
     async def next_master(self) -> Address:
         """A master for the pub/sub connection (round robin over reconnects: a classic
         PUBLISH reaches every node of a cluster)."""
-        if next(self._round):
+        turn = next(self._round)
+        if turn:
             self.stale()
-        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        masters = self.masters()
         if not masters:
             await self.refresh()
-            masters = [a for a in dict.fromkeys(self._slots) if a is not None]
-        return masters[next(self._round) % len(masters)]
+            masters = self.masters()
+        return masters[turn % len(masters)]
+
+    def masters(self) -> list[Address]:
+        """The masters of the slot map, in slot order."""
+        return [a for a in dict.fromkeys(self._slots) if a is not None]
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -461,30 +473,20 @@ class ClusterLinks:
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
         """One write per master."""
-        replies: list[Any] = [None] * len(calls)
-        left = [len(calls)]
         if not calls:
             deliver([])
             return
-
-        def collect(index: int, reply: Any) -> None:
-            replies[index] = reply
-            left[0] -= 1
-            if not left[0]:
-                failed = [r for r in replies if isinstance(r, BaseException)]
-                deliver(failed[0] if failed else replies)
-
+        collect = collector(len(calls), deliver)
         groups: dict[Address | None, list[int]] = {}
         for index, call in enumerate(calls):
             groups.setdefault(self._slots[key_slot(call.keys[0])], []).append(index)
         for address, indexes in groups.items():
             if address is None:
                 for index in indexes:
-                    self._send(calls[index], functools.partial(collect, index), 0, None)
+                    self._send(calls[index], collect[index], 0, None)
                 continue
             callbacks: list[OnReply] = [
-                functools.partial(self._answered, calls[i], functools.partial(collect, i), 0)
-                for i in indexes
+                functools.partial(self._answered, calls[i], collect[i], 0) for i in indexes
             ]
             data = b"".join(calls[i].data for i in indexes)
             self.link_to(address).send(data, callbacks, [calls[i] for i in indexes])
@@ -515,7 +517,7 @@ class ClusterLinks:
 
     async def ping(self) -> None:
         await self.refresh()
-        masters = [a for a in dict.fromkeys(self._slots) if a is not None]
+        masters = self.masters()
         replies = await asyncio.gather(*(self.link_to(a).call(pack(b"PING")) for a in masters))
         for reply in replies:
             if isinstance(reply, BaseException):

@@ -125,18 +125,19 @@ class LocalWaiting:
 
     # -- an attempt ------------------------------------------------------------------------
 
-    async def before_attempt(
+    def before_attempt(
         self, waiter: HubWaiter | None, request: Request, will_wait: bool
     ) -> Grant | Busy | bool:
         """What this process decides before asking the server: a grant a hand-off delivered,
         a Busy while the next attempt is reserved for another local waiter, or (ask the
-        server) whether this attempt is the reserved one (then :meth:`attempted` ends it)."""
+        server) whether this attempt is the reserved one (then :meth:`attempted` ends it).
+
+        NOTE: a hand-off to ``waiter`` in flight (``waiter.transfer``) must be waited for
+        first: its answer decides (asking the server meanwhile could take the same grant
+        twice).  (Not in here: this is called on every contended attempt, a coroutine less.)
+        """
         name = request.name
         if waiter is not None:
-            if waiter.transfer is not None:
-                # A release by this process is handing the lock to this waiter: its answer
-                # decides (asking the server meanwhile could take the same grant twice).
-                await waiter.transfer.wait()
             delivered = waiter.delivered
             if delivered is not None:
                 # Handed over by a release of this process: no round trip.

@@ -8,19 +8,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 from ..._errors import BackendError
-from ..._types import LockStatus
-from ..._url import ParsedURL
-from .._base import (
-    Backend,
+from ..._types import (
     Busy,
     Capability,
     CommonConfig,
     Grant,
+    LockStatus,
     LostCallback,
     Request,
     Waiter,
     monotonic,
 )
+from ..._url import ParsedURL
+from .._base import Backend
 from ._deployments import Settings, connect_deployment, parse_settings
 from ._node import GrantData, RedisNode, ms
 from ._pubsub import PubSubHub
@@ -125,7 +125,9 @@ class RedisBackend(Backend):
         waiter = waiting.waiters.get((name, request.owner)) if waiting.waiters else None
         handoff = False
         if waiter is not None or waiting.reservations:
-            decided = await waiting.before_attempt(waiter, request, will_wait)
+            if waiter is not None and waiter.transfer is not None:
+                await waiter.transfer.wait()  # (see before_attempt)
+            decided = waiting.before_attempt(waiter, request, will_wait)
             if not isinstance(decided, bool):
                 return decided
             handoff = decided
