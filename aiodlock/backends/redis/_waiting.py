@@ -16,12 +16,12 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ..._errors import BackendError
-from ..._wakeup import Backoff, Reservations, Slot, Wakeup, WakeupBoard
+from ..._wakeup import Backoff, BoardWaiter, Reservations, Slot, WakeupBoard
 from .._base import Busy, Grant, Request, monotonic
 from ._node import GrantData, ms
 from ._pubsub import Channel, PubSubHub
@@ -41,8 +41,10 @@ class HubWaiter:
     """
 
     __slots__ = (
+        "_asleep",
         "_backoff",
         "_listening",
+        "_polling",
         "_slot",
         "attempting",
         "closing",
@@ -57,11 +59,15 @@ class HubWaiter:
     )
 
     def __init__(
-        self, slot: Any, listening: Callable[[], bool], *, owner: str = "", ttl: float = 0.0
+        self, slot: Slot, listening: Callable[[], bool], *, owner: str = "", ttl: float = 0.0
     ) -> None:
         self._slot = slot
         self._listening = listening
         self._backoff = Backoff()
+        # The core's board waiters: one that also polls (while not listening), one that
+        # only sleeps (both consume a wake-up by giving the slot a new Wakeup).
+        self._polling = BoardWaiter(slot, self._backoff)
+        self._asleep = BoardWaiter(slot, None)
         # Same-process hand-off (see RedisBackend.release): the waiting owner and its lease.
         self.owner = owner
         self.ttl = ttl
@@ -86,14 +92,9 @@ class HubWaiter:
         self.listening_since: float | None = None
 
     async def wait(self, timeout: float | None) -> None:
-        if not self._listening():
-            delay = self._backoff.next()
-            timeout = delay if timeout is None else min(delay, timeout)
-        slot = self._slot
-        await slot.event.wait(timeout)
-        if slot.event.is_set():
-            # Consume the wake-up: the next sleep waits for a new one.
-            slot.event = Wakeup()
+        event = self._slot.event
+        await (self._asleep if self._listening() else self._polling).wait(timeout)
+        if self._slot.event is not event:  # a wake-up came (and was consumed)
             self._backoff.reset()
             self.woken = True
 

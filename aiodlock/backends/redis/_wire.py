@@ -55,6 +55,10 @@ OnReply = Callable[[Any], None]
 
 Arg = bytes | str | int
 
+#: Per command of a write, the script it runs by EVALSHA (a NOSCRIPT answer is sent again
+#: with its source) or None; None for all of them.
+Calls = Sequence["ScriptCall | None"] | None
+
 
 def _bulk(arg: Arg) -> bytes:
     data: bytes
@@ -269,12 +273,7 @@ class Pipe(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send(
-        self,
-        data: bytes,
-        callbacks: Sequence[OnReply],
-        calls: Sequence[ScriptCall | None] | None = None,
-    ) -> None:
+    def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data`` (one or more commands); ``callbacks`` get the replies in order.
 
         ``calls``: per command, the script it runs by EVALSHA (or None), as in
@@ -430,12 +429,7 @@ class Link:
         self.pipe = None
         return None
 
-    def send(
-        self,
-        data: bytes,
-        callbacks: Sequence[OnReply],
-        calls: Sequence[ScriptCall | None] | None = None,
-    ) -> None:
+    def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data``; ``callbacks`` get the replies (or the failure) in order.
 
         ``calls``: per command, the script it runs by EVALSHA, or None (see Pipe.send_one:
