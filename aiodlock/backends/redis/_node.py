@@ -332,10 +332,11 @@ class RedisNode:
             owner = owner.decode("utf-8", "surrogateescape")
         return str(owner), int(reply[1]), int(reply[2]), int(reply[3])
 
-    async def ping(self) -> None:
-        """Check that the servers answer (and that we may talk to them)."""
+    async def ping(self, timeout: float) -> None:
+        """Check within ``timeout`` that the servers answer (and that we may talk to them)."""
         try:
-            await self.links.ping()
+            async with asyncio.timeout(timeout):
+                await self.links.ping()
         except Exception as exc:
             raise self._error(exc, "connect") from exc
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
@@ -91,8 +90,7 @@ class RedisBackend(Backend):
             secrets=self._secrets,
             on_reconnect=links.reset,
         )
-        async with asyncio.timeout(self.config.connect_timeout):
-            await self._node.ping()
+        await self._node.ping(self.config.connect_timeout)
 
     async def aclose(self) -> None:
         hub, self._hub = self._hub, None
