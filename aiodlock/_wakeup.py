@@ -276,6 +276,10 @@ class BoardWaiter(Waiter):
         self._slot = slot
         self._backoff = backoff
 
+    def polling(self) -> bool:
+        """Does the next sleep end at the next backoff step too (not only at a wake-up)?"""
+        return self._backoff is not None
+
     @classmethod
     @contextlib.asynccontextmanager
     async def context(
@@ -285,8 +289,9 @@ class BoardWaiter(Waiter):
             yield cls(slot, backoff)
 
     async def wait(self, timeout: float | None) -> bool:
-        if self._backoff is not None:
-            delay = self._backoff.next()
+        backoff = self._backoff
+        if backoff is not None and self.polling():
+            delay = backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
         await slot.event.wait(timeout)
@@ -294,8 +299,8 @@ class BoardWaiter(Waiter):
             return False
         # Consume the wake-up: the next sleep waits for a new one.
         slot.event = Wakeup()
-        if self._backoff is not None:
-            self._backoff.reset()
+        if backoff is not None:
+            backoff.reset()
         return True
 
     def wake(self) -> None:
@@ -307,37 +312,39 @@ class Timer:
 
     :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
     comparison); when it fires it calls ``due(now)``, which handles whatever is due and
-    returns the next deadline, or None to rest until :meth:`at` is called again.  A timer
+    returns the next deadline, or None to rest until :meth:`at` is called again.  ``handle``
+    is None while it rests (a caller whose deadlines only grow need not call :meth:`at`
+    while it is armed).  A timer
     per request (armed, then cancelled when the answer comes a fraction of a millisecond
     later) costs a heap push and a cancellation each time; this costs one per earliest
     deadline.
     """
 
-    __slots__ = ("_handle", "_when", "due")
+    __slots__ = ("_when", "due", "handle")
 
     def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
         self.due = due
-        self._handle: asyncio.TimerHandle | None = None
+        self.handle: asyncio.TimerHandle | None = None
         self._when = 0.0
 
     def at(self, when: float) -> None:
         """Fire at ``when`` at the latest."""
-        handle = self._handle
+        handle = self.handle
         if handle is not None:
             if when >= self._when:
                 return
             handle.cancel()
         self._when = when
         loop = asyncio.get_running_loop()
-        self._handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
+        self.handle = loop.call_at(loop.time() + max(0.0, when - monotonic()), self._fire)
 
     def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
     def _fire(self) -> None:
-        self._handle = None
+        self.handle = None
         when = self.due(monotonic())
         if when is not None:
             self.at(when)

@@ -260,7 +260,7 @@ class RedisNode:
             # The hot path: the call is packed once per owner and lease length.
             call = self._acquire_calls((keys, owner, lease_ms))
         if not self.sync_replicas:
-            return self.run(call)
+            return self.finish(self.start(call), call.script.name)  # (run() inlined: hot)
         return self._acquire_synced(keys, owner, call)
 
     async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
@@ -294,7 +294,7 @@ class RedisNode:
         """Compare-and-delete by owner (and token unless ``''``); wakes the next waiter.
         Sent at once; await the script's answer (1: released, 0: not held by ``owner``)."""
         template, anyone = self._release_calls((keys, owner))
-        return self.run(template.fill(token) if token else anyone)
+        return self.finish(self.start(template.fill(token) if token else anyone), RELEASE.name)
 
     async def release_transfer(
         self, keys: LockKeys, owner: str, token: str, receiver: str, lease_ms: int
@@ -332,10 +332,11 @@ class RedisNode:
             owner = owner.decode("utf-8", "surrogateescape")
         return str(owner), int(reply[1]), int(reply[2]), int(reply[3])
 
-    async def ping(self) -> None:
-        """Check that the servers answer (and that we may talk to them)."""
+    async def ping(self, timeout: float) -> None:
+        """Check within ``timeout`` that the servers answer (and that we may talk to them)."""
         try:
-            await self.links.ping()
+            async with asyncio.timeout(timeout):
+                await self.links.ping()
         except Exception as exc:
             raise self._error(exc, "connect") from exc
 

@@ -28,7 +28,6 @@ class Channel:
         "key",
         "linger",
         "missed",
-        "on_server",
         "ready",
         "ready_since",
         "requested",
@@ -41,7 +40,6 @@ class Channel:
         self.wanted = 0  # local waiters
         self.requested = False  # the last command sent on this connection was SUBSCRIBE
         self.inflight = 0  # (UN)SUBSCRIBE commands sent and not yet answered
-        self.on_server = False  # the server has us subscribed (as of the last answer)
         self.ready = asyncio.Event()  # subscribed, and no command in flight
         self.ready_since: float | None = None  # monotonic time ``ready`` was last set
         self.wake_when_ready = False  # wake every waiter once ready (after a reconnect)
@@ -254,7 +252,6 @@ class PubSubHub:
         for channel, state in list(self._channels.items()):
             state.requested = False
             state.inflight = 0
-            state.on_server = False
             state.missed = 0
             state.clear_ready()
             if state.linger is not None:
@@ -318,7 +315,6 @@ class PubSubHub:
             if state is None:
                 return
             state.inflight = max(0, state.inflight - 1)
-            state.on_server = True
             if state.inflight == 0 and state.requested:
                 state.set_ready()
                 if state.wake_when_ready:
@@ -328,6 +324,5 @@ class PubSubHub:
             if state is None:
                 return
             state.inflight = max(0, state.inflight - 1)
-            state.on_server = False
             if state.inflight == 0 and not state.wanted and not state.requested:
                 del self._channels[channel]

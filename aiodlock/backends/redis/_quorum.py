@@ -163,7 +163,7 @@ class Quorum:
     def finish(
         self, gather: Gather, *, timeout: float, patience: float | None = None
     ) -> Awaitable[None]:
-        """The waiting half: see :meth:`_fan_out` for ``timeout`` and ``patience``.
+        """The waiting half: see :meth:`__call__` for ``timeout`` and ``patience``.
 
         (A plain function returning what to await: one coroutine less on every lock
         operation.)
@@ -219,8 +219,6 @@ class Quorum:
             if isinstance(outcome, BaseException)
         ]
         return "; ".join(parts) or "no error"
-
-    # -- local state -----------------------------------------------------------------------
 
 
 NO_ANSWER: Final = object()
@@ -288,14 +286,8 @@ class Gather:
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        if not self.left:
+        if not self.left or self.enough():
             waiter.set_result(None)
-        elif self.armed and (
-            self.yes >= self.need or self.no > self.spare
-            if self.counted
-            else self.check is not None and self.check()
-        ):
-            waiter.set_result(None)  # decided (what enough() says, inline: every reply)
 
     def enough(self) -> bool:
         """Decided (once ``armed``: before, only every answer ends the wait)."""
@@ -311,6 +303,7 @@ class Gather:
         self.armed = armed
         if not self.left:
             return
+        # (what enough() says, written out: every fan-out passes here)
         if armed and (
             self.yes >= self.need or self.no > self.spare if self.counted else self.enough()
         ):
@@ -451,7 +444,7 @@ def acquire_reply(reply: Any) -> tuple[bool, int]:
     lease, -1 when unknown)``.
 
     NOTE: the script answers ``token`` (>= 1), ``-1 - pttl`` or ``0`` (see its header in
-    ``_redis_scripts``); the older ``{1, token}`` / ``{0, pttl}`` tables are read too.
+    ``_scripts``); the older ``{1, token}`` / ``{0, pttl}`` tables are read too.
     """
     if isinstance(reply, list):
         return reply[0] == 1, int(reply[1])

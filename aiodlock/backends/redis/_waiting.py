@@ -14,48 +14,34 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from ..._types import Request, Waiter
-from ..._wakeup import Backoff, Slot, Wakeup, WakeupBoard
+from ..._types import Request
+from ..._wakeup import Backoff, BoardWaiter, Slot, WakeupBoard
 from ._pubsub import PubSubHub
 from ._scripts import LockKeys
 
 
-class HubWaiter(Waiter):
+class HubWaiter(BoardWaiter):
     """A waiter woken through a :class:`PubSubHub` (its slot on the hub's board).
 
     ``listening()`` tells whether a release would reach this waiter by message now (its
     channel is confirmed); while it does not, the waiter also polls with capped backoff.
     """
 
-    __slots__ = ("_backoff", "_listening", "_slot", "listening_since")
+    __slots__ = ("_listening", "listening_since")
 
     def __init__(self, slot: Slot, listening: Callable[[], bool]) -> None:
-        self._slot = slot
+        super().__init__(slot, Backoff())
         self._listening = listening
-        self._backoff = Backoff()
         #: Since when (monotonic) a release message reaches this process on the waiter's
         #: channel, as it was when the waiter entered (see the Waiter protocol): the core
         #: then does not repeat an attempt made since.
         self.listening_since: float | None = None
 
-    async def wait(self, timeout: float | None) -> bool:
-        if not self._listening():
-            delay = self._backoff.next()
-            timeout = delay if timeout is None else min(delay, timeout)
-        slot = self._slot
-        await slot.event.wait(timeout)
-        if not slot.event.is_set():
-            return False
-        # Consume the wake-up: the next sleep waits for a new one.
-        slot.event = Wakeup()
-        self._backoff.reset()
-        return True
+    def polling(self) -> bool:
+        return not self._listening()
 
     def listening(self) -> bool:
         return self._listening()
-
-    def wake(self) -> None:
-        self._slot.event.set()
 
 
 class Waiting:

@@ -36,23 +36,6 @@ from ..._wakeup import Timer
 from .._base import monotonic
 from ._scripts import Memo, Script
 
-__all__ = [
-    "WIRE_ERRORS",
-    "Address",
-    "CallTemplate",
-    "EvalPacker",
-    "Link",
-    "NodeConnectionError",
-    "OnReply",
-    "Pipe",
-    "PushPipe",
-    "ReplyError",
-    "ScriptCall",
-    "Target",
-    "pack",
-    "resolver",
-]
-
 log = logging.getLogger("aiodlock")
 
 
@@ -71,6 +54,10 @@ WIRE_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
 OnReply = Callable[[Any], None]
 
 Arg = bytes | str | int
+
+#: Per command of a write, the script it runs by EVALSHA (a NOSCRIPT answer is sent again
+#: with its source) or None; None for all of them.
+Calls = Sequence["ScriptCall | None"] | None
 
 
 def _bulk(arg: Arg) -> bytes:
@@ -179,6 +166,22 @@ def resolver(future: asyncio.Future[Any]) -> OnReply:
     return functools.partial(_settle, future)  # (one Python call per reply, not two)
 
 
+def collector(count: int, deliver: OnReply) -> list[OnReply]:
+    """``count`` callbacks: once each got its reply, ``deliver`` gets the list of them (or
+    the first failure among them)."""
+    replies: list[Any] = [None] * count
+    left = [count]
+
+    def collect(index: int, reply: Any) -> None:
+        replies[index] = reply
+        left[0] -= 1
+        if not left[0]:
+            failed = [r for r in replies if isinstance(r, BaseException)]
+            deliver(failed[0] if failed else replies)
+
+    return [functools.partial(collect, index) for index in range(count)]
+
+
 class Pipe(asyncio.Protocol):
     """The protocol side of one connection: replies are handed to callbacks in order.
 
@@ -210,7 +213,7 @@ class Pipe(asyncio.Protocol):
         reader = self._reader
         reader.feed(data)
         waiting = self._waiting
-        while waiting:
+        while waiting or self.pushed:
             try:
                 reply = reader.gets()
             except hiredis.ProtocolError as exc:
@@ -218,6 +221,9 @@ class Pipe(asyncio.Protocol):
                 return
             if reply is False:
                 return
+            if not waiting:
+                self.on_push(reply)  # (a pub/sub message)
+                continue
             callback, call, _ = waiting.popleft()
             if call is not None and type(reply) is ReplyError and str(reply).startswith("NOSCRIPT"):
                 # NOTE: NOSCRIPT means it did not run: send it again with its source (only
@@ -228,6 +234,12 @@ class Pipe(asyncio.Protocol):
                 callback(reply)
             except Exception:  # pragma: no cover - a bug in a callback must not desync us
                 log.exception("aiodlock: a redis reply handler failed")
+
+    #: Replies no request waits for are read (and go to :meth:`on_push`): a pub/sub one.
+    pushed = False
+
+    def on_push(self, reply: Any) -> None:
+        """A reply no request waits for (a :class:`PushPipe`'s messages)."""
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
@@ -261,12 +273,7 @@ class Pipe(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send(
-        self,
-        data: bytes,
-        callbacks: Sequence[OnReply],
-        calls: Sequence[ScriptCall | None] | None = None,
-    ) -> None:
+    def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data`` (one or more commands); ``callbacks`` get the replies in order.
 
         ``calls``: per command, the script it runs by EVALSHA (or None), as in
@@ -283,8 +290,8 @@ class Pipe(asyncio.Protocol):
             self._waiting.extend(
                 [(callback, call, now) for callback, call in zip(callbacks, calls, strict=True)]
             )
-        if self.op_timeout is not None:
-            self._timer.at(now + self.op_timeout)
+        if self._timer.handle is None and self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)  # (armed: for an older request, earlier)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
@@ -298,8 +305,8 @@ class Pipe(asyncio.Protocol):
             return
         now = monotonic()
         self._waiting.append((callback, call, now))
-        if self.op_timeout is not None:
-            self._timer.at(now + self.op_timeout)
+        if self._timer.handle is None and self.op_timeout is not None:
+            self._timer.at(now + self.op_timeout)  # (armed: for an older request, earlier)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
@@ -314,28 +321,17 @@ class PushPipe(Pipe):
     ``lost`` gets the error the connection ended with; ``last`` is when data last came.
     """
 
+    pushed = True
+
     def __init__(self, label: str, op_timeout: float | None, on_push: OnReply) -> None:
         super().__init__(label, op_timeout)
-        self.on_push = on_push
+        self.on_push = on_push  # type: ignore[method-assign,assignment]
         self.last = monotonic()
         self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
         self.last = monotonic()
-        reader = self._reader
-        reader.feed(data)
-        while True:
-            try:
-                reply = reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.close(NodeConnectionError(f"protocol error: {exc}"))
-                return
-            if reply is False:
-                return
-            if self._waiting:
-                self._waiting.popleft()[0](reply)
-            else:
-                self.on_push(reply)
+        super().data_received(data)
 
     def _fail(self, error: BaseException) -> None:
         super()._fail(error)
@@ -413,8 +409,6 @@ class Link:
         self._extra = extra
         self._on_extra = on_extra
         self.on_push = on_push
-        #: Where the current (or last) connection went.
-        self.connected_to: Address | None = None
         #: The current connection's pipe (None before the first and after a broken one).
         #: NOTE: usable while it is not ``broken``: see :meth:`eval`.
         self.pipe: Pipe | None = None
@@ -435,12 +429,7 @@ class Link:
         self.pipe = None
         return None
 
-    def send(
-        self,
-        data: bytes,
-        callbacks: Sequence[OnReply],
-        calls: Sequence[ScriptCall | None] | None = None,
-    ) -> None:
+    def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data``; ``callbacks`` get the replies (or the failure) in order.
 
         ``calls``: per command, the script it runs by EVALSHA, or None (see Pipe.send_one:
@@ -455,14 +444,7 @@ class Link:
         if pipe is not None:
             pipe.send(data, callbacks, calls)
             return
-        task = self._connecting
-        if task is None:
-            task = self._connecting = asyncio.get_running_loop().create_task(
-                self._connect(), name=f"aiodlock:{self.label}:connect"
-            )
-            # NOTE: registered first, so the new pipe is in place before the requests that
-            # waited for it are sent (in the order they came).
-            task.add_done_callback(self._connected)
+        task = self._connection()
 
         def send_when_ready(task: asyncio.Task[Pipe]) -> None:
             if task.cancelled():
@@ -484,13 +466,19 @@ class Link:
             return pipe
         if self.closed:
             raise NodeConnectionError("the connection is closed")
+        return await asyncio.shield(self._connection())
+
+    def _connection(self) -> asyncio.Task[Pipe]:
+        """The connection attempt under way (started now if none is)."""
         task = self._connecting
         if task is None:
             task = self._connecting = asyncio.get_running_loop().create_task(
                 self._connect(), name=f"aiodlock:{self.label}:connect"
             )
+            # NOTE: registered first, so the new pipe is in place before the requests that
+            # waited for it are sent (in the order they came).
             task.add_done_callback(self._connected)
-        return await asyncio.shield(task)
+        return task
 
     def call(self, data: bytes) -> asyncio.Future[Any]:
         """Send one packed command; the future gets its reply (or failure) as its result."""
@@ -511,7 +499,6 @@ class Link:
             async with asyncio.timeout(self.connect_timeout):
                 target = self.address
                 address = target if isinstance(target, Address) else await target()
-                self.connected_to = address
                 label, limit, on_push = self.label, self.op_timeout, self.on_push
 
                 def protocol() -> Pipe:
@@ -587,27 +574,11 @@ class Link:
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
         """Run scripts in one write; ``deliver`` gets the list of replies (or the first
         failure)."""
-        if not calls:
+        if calls:
+            callbacks = collector(len(calls), deliver)
+            self.send(b"".join(call.data for call in calls), callbacks, calls)
+        else:
             deliver([])
-            return
-        replies: list[Any] = [None] * len(calls)
-        left = [len(calls)]
-
-        def collector(index: int) -> OnReply:
-            def collect(reply: Any) -> None:
-                replies[index] = reply
-                left[0] -= 1
-                if not left[0]:
-                    failed = [r for r in replies if isinstance(r, BaseException)]
-                    deliver(failed[0] if failed else replies)
-
-            return collect
-
-        callbacks = [collector(i) for i in range(len(calls))]
-        self.send(b"".join(call.data for call in calls), callbacks, calls)
-
-    def command(self, args: Sequence[Arg], deliver: OnReply) -> None:
-        self.send(pack(*args), [deliver])
 
     def idle(self) -> bool:
         """No request is waiting for an answer on the current connection."""

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 from ..._errors import BackendError
-from ..._types import LockStatus
+from ..._types import LostCallback, Request, Waiter, monotonic
 from ..._url import ParsedURL
 from ..._wakeup import WakeupBoard
-from .._base import (
-    Backend,
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
+from .._base import Backend, Busy, Capability, CommonConfig, Grant, LockStatus
 from ._deployments import Settings, connect_deployment, parse_settings
 from ._node import GrantData, RedisNode, ms
 from ._pubsub import PubSubHub
@@ -110,8 +99,7 @@ class RedisBackend(Backend):
             secrets=self._secrets,
             on_reconnect=links.reset,
         )
-        async with asyncio.timeout(self.config.connect_timeout):
-            await self._node.ping()
+        await self._node.ping(self.config.connect_timeout)
 
     async def aclose(self) -> None:
         hub, self._hub = self._hub, None

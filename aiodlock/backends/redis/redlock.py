@@ -1,7 +1,7 @@
 """``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
 
 Each master keeps the same data as a plain ``redis://`` lock: the key layout and the Lua
-scripts of :mod:`aiodlock.backends._redis_scripts` (shared with the Redis backend, run by
+scripts of :mod:`._scripts` (shared with the Redis backend, run by
 SHA).  This module adds the quorum on top:
 
 1. note the start on the monotonic clock;
@@ -15,7 +15,7 @@ SHA).  This module adds the quorum on top:
    most ``retry_delay`` when the vote was split);
 5. renewals (batched by the core's watchdog) and releases fan out the same way;
 6. a waiter listens to the release channel of the name on every node (one shared pub/sub
-   connection per node, :class:`aiodlock.backends.redis.PubSubHub`) and also retries at
+   connection per node, :class:`~._pubsub.PubSubHub`) and also retries at
    random intervals, so a lost message or a dead node never strands it;
 7. the fencing token is the largest of the per-node ``INCR`` counters among the nodes that
    granted; when they differ, the lagging counters are raised to it on a majority before the
@@ -24,13 +24,12 @@ SHA).  This module adds the quorum on top:
    marker key that vanished) does not count towards a majority until that long after it was
    first seen empty.
 
-Each node is spoken to over ONE pipelined connection (:class:`~._redis_wire.Link`, shared with
-the Redis backend): requests are written
-in order and the replies matched in order, so a fan-out costs one write per node and one
-wake-up of the caller, not a task and a pooled connection per node; and every request to a
-node runs after the ones sent before it (an attempt's clean-up can never overtake the
-attempt, even on a node that was paused in between).  A request that is not answered in
-time is not cancelled on the wire: its reply is read and dropped when it comes.
+Each node is spoken to over ONE pipelined connection (:class:`~._wire.Link`, as the Redis
+backend does; the fan-out is :class:`~._quorum.Quorum`): a fan-out costs one write per node
+and one wake-up of the caller, and every request to a node runs after the ones sent before
+it (an attempt's clean-up can never overtake the attempt, even on a node that was paused in
+between).  This process's local state (waiters, holders, split-vote pauses) is
+:class:`~._redlock_waiting.RedlockLocal`.
 
 See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
@@ -44,23 +43,13 @@ import functools
 import logging
 import math
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Self
 
 from ..._errors import BackendError, describe
-from ..._types import LockStatus
+from ..._types import LostCallback, Request, Waiter, monotonic
 from ..._url import ParsedURL
-from .._base import (
-    Backend,
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
+from .._base import Backend, Busy, Capability, CommonConfig, Grant, LockStatus
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
 from ._node import acquire_call, ms, release_calls
 from ._pubsub import PubSubHub
@@ -78,7 +67,7 @@ from ._scripts import (
     Memo,
     key_table,
 )
-from ._wire import Address, CallTemplate, Link, ScriptCall, pack
+from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, pack
 
 __all__ = ["RedlockBackend"]
 
@@ -116,7 +105,6 @@ class RedlockBackend(Backend):
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
         self.settings = settings
         self.config = config
-        self._namespace = config.namespace
         self.quorum = len(settings.hosts) // 2 + 1
         self._nodes: list[Node] = []
         #: Per node, from when its votes count; None while every node counts (rejoin_delay)
@@ -170,29 +158,23 @@ class RedlockBackend(Backend):
         password = s.password if s.passwords is None else s.passwords[index]
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         node = Node(index, address, self.secrets)
-        tls = ssl_context_factory(s.ssl) if s.tls else None
-        node.link = Link(
+        link = functools.partial(
+            Link,
             node.label,
-            Address(host, port, tls=tls),
+            Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None),
             connect_timeout=self.config.connect_timeout,
             op_timeout=self.config.op_timeout,
             username=s.username,
             password=password,
             db=s.db,
+        )
+        node.link = link(
             scripts=REDLOCK_SCRIPTS,
             extra=self._rejoin_check if s.rejoin_delay > 0 else None,
             on_extra=functools.partial(self._rejoined, node),
         )
         # The node's pub/sub connection: the same transport, in subscribe mode.
-        pubsub = Link(
-            node.label,
-            Address(host, port, tls=tls),
-            connect_timeout=self.config.connect_timeout,
-            op_timeout=self.config.op_timeout,
-            username=s.username,
-            password=password,
-            db=s.db,
-        )
+        pubsub = link()
         node.hub = PubSubHub(
             pubsub,
             self.waiting.board,
@@ -228,24 +210,37 @@ class RedlockBackend(Backend):
         self._nodes = [
             self._build_node(i, host, port) for i, (host, port) in enumerate(self.settings.hosts)
         ]
-        outcomes = await self.fan(
-            self._nodes,
-            lambda node, deliver: node.link.command((b"PING",), deliver),
-            what="connect",
-            timeout=self.config.connect_timeout * 0.9,
-            patience=self._patience,
-            vote=any_answer,  # a majority is enough; the others go on connecting
+        # (a majority is enough; the others go on connecting)
+        ping = pack(b"PING")
+        outcomes = await self._majority(
+            lambda node, deliver: node.link.send(ping, [deliver]),
+            "connect",
+            self.config.connect_timeout * 0.9,
         )
-        count = answered(outcomes)
-        if count < self.quorum:
-            raise BackendError(
-                f"redlock: only {count} of {len(self._nodes)} nodes answered, a majority "
-                f"({self.quorum}) is needed: {self.fan.errors(outcomes)}"
-            )
         for node, outcome in zip(self._nodes, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 reason = describe(outcome, self.secrets)
                 log.warning("aiodlock: %s is not answering (yet): %s", node.label, reason)
+
+    async def _majority(
+        self, request: ScriptCall | Callable[[Node, OnReply], None], what: str, timeout: float
+    ) -> list[Outcome]:
+        """Ask every node; a majority must answer (it is not waited for the others)."""
+        outcomes = await self.fan(
+            self._nodes,
+            request,
+            what=what,
+            timeout=timeout,
+            patience=self._patience,
+            vote=any_answer,
+        )
+        count = answered(outcomes)
+        if count < self.quorum:
+            raise BackendError(
+                f"redlock: {what}: only {count} of {len(self._nodes)} nodes answered, a "
+                f"majority ({self.quorum}) is needed: {self.fan.errors(outcomes)}"
+            )
+        return outcomes
 
     async def aclose(self) -> None:
         nodes, self._nodes = self._nodes, []
@@ -564,21 +559,8 @@ class RedlockBackend(Backend):
 
     async def status(self, name: str) -> LockStatus | None:
         keys = self.keys_for(name)
-        nodes = self.nodes
         call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
-        outcomes = await self.fan(
-            nodes,
-            call,
-            what="status",
-            timeout=self.config.op_timeout,
-            patience=self._patience,
-            vote=any_answer,
-        )
-        if answered(outcomes) < self.quorum:
-            raise BackendError(
-                f"redlock: only {answered(outcomes)} of {len(nodes)} nodes answered: "
-                f"{self.fan.errors(outcomes)}"
-            )
+        outcomes = await self._majority(call, "status", self.config.op_timeout)
         holders: dict[str, list[tuple[int, int]]] = {}
         for outcome in outcomes:
             if outcome and not isinstance(outcome, BaseException):
@@ -596,25 +578,12 @@ class RedlockBackend(Backend):
 
     async def force_release(self, name: str) -> bool:
         keys = self.keys_for(name)
-        nodes = self.nodes
         call = ScriptCall(
             FORCE_RELEASE,
             (keys.lock, keys.queue, keys.deadlines),
             (keys.channel, keys.waiter_prefix),
         )
-        outcomes = await self.fan(
-            nodes,
-            call,
-            what="force_release",
-            timeout=self.config.op_timeout,
-            patience=self._patience,
-            vote=any_answer,
-        )
-        if answered(outcomes) < self.quorum:
-            raise BackendError(
-                f"redlock: force_release of {name!r} reached only {answered(outcomes)} of "
-                f"{len(nodes)} nodes: {self.fan.errors(outcomes)}"
-            )
+        outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
 
 

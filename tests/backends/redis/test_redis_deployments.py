@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock.backends._base import Grant, Request
-from aiodlock.backends.redis._deployments import ClusterLinks
+from aiodlock.backends.redis._cluster import ClusterLinks
 
 from .conftest import ClusterDeployment, SentinelDeployment
 from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, writes
