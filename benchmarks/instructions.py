@@ -41,7 +41,7 @@ VARIANTS = ("lib", "backend", "bare")
 
 async def _child(url: str, variant: str, cycles: int) -> None:
     import aiodlock
-    from aiodlock.backends._base import Request
+    from aiodlock._types import Request
     from aiodlock.backends.redis._scripts import ACQUIRE, RELEASE, LockKeys
     from aiodlock.backends.redis._wire import ScriptCall
 
@@ -63,7 +63,8 @@ async def _child(url: str, variant: str, cycles: int) -> None:
                 await backend.release(grant)  # type: ignore[arg-type]
             return
         keys = LockKeys(client.config.namespace, "instructions-bare")
-        acquire = ScriptCall(ACQUIRE, (keys.lock, keys.counter), (owner, 30000))
+        lock_keys = (keys.lock, keys.counter, keys.queue, keys.deadlines)
+        acquire = ScriptCall(ACQUIRE, lock_keys, (owner, 30000))
         release = ScriptCall(
             RELEASE,
             (keys.lock, keys.queue, keys.deadlines),

@@ -44,22 +44,10 @@ from .._types import (
     LostCallback,
     Request,
     Waiter,
-    monotonic,
 )
 from .._url import ParsedURL
 
-__all__ = [
-    "Backend",
-    "Busy",
-    "Capability",
-    "CommonConfig",
-    "Grant",
-    "LockStatus",
-    "LostCallback",
-    "Request",
-    "Waiter",
-    "monotonic",
-]
+__all__ = ["Backend"]
 
 
 class Backend(abc.ABC):

@@ -44,7 +44,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ._base import Busy
+from .._types import Busy
 
 __all__ = [
     "Dialect",
@@ -357,17 +357,22 @@ class _SyncCursor(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
+def _advance(script: Script[T], result: Any) -> tuple[Statement | None, T | None]:
+    """The script's next statement, or (None, its value) when it is done."""
+    try:
+        return script.send(result), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
 def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: Script[T]) -> T:
     """Drive ``script`` on a DB-API style ``execute(sql, params) -> cursor`` (blocking)."""
-    result: Any = None
-    while True:
-        try:
-            statement = script.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+    statement, value = _advance(script, None)
+    while statement is not None:
         cursor = execute(statement.sql, statement.params)
-        result = cursor.fetchall() if isinstance(statement, Fetch) else cursor.rowcount
+        fetched = cursor.fetchall() if isinstance(statement, Fetch) else cursor.rowcount
+        statement, value = _advance(script, fetched)
+    return value  # type: ignore[return-value]
 
 
 async def run_script_async(
@@ -375,12 +380,8 @@ async def run_script_async(
     script: Script[T],
 ) -> T:
     """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)``."""
-    result: Any = None
-    while True:
-        try:
-            statement = script.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+    statement, value = _advance(script, None)
+    while statement is not None:
         rowcount, rows = await execute(statement.sql, statement.params)
-        result = rows if isinstance(statement, Fetch) else rowcount
+        statement, value = _advance(script, rows if isinstance(statement, Fetch) else rowcount)
+    return value  # type: ignore[return-value]

@@ -18,18 +18,18 @@ from typing import Any, Self
 import anyio
 
 from .._errors import ConfigurationError
-from .._types import LockStatus
-from .._url import ParsedURL
-from ._base import (
-    Backend,
+from .._types import (
     Busy,
     Capability,
     CommonConfig,
     Grant,
+    LockStatus,
     LostCallback,
     Request,
     monotonic,
 )
+from .._url import ParsedURL
+from ._base import Backend
 
 __all__ = ["MemoryBackend"]
 

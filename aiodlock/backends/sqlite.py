@@ -34,20 +34,20 @@ import anyio
 import anyio.to_thread
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
-from .._types import LockStatus
-from .._url import ParsedURL, sqlite_url, take_float, take_str
-from .._wakeup import Backoff, BoardWaiter, WakeupBoard
-from ._base import (
-    Backend,
+from .._types import (
     Busy,
     Capability,
     CommonConfig,
     Grant,
+    LockStatus,
     LostCallback,
     Request,
     Waiter,
     monotonic,
 )
+from .._url import ParsedURL, sqlite_url, take_float, take_str
+from .._wakeup import Backoff, BoardWaiter, WakeupBoard
+from ._base import Backend
 from ._sql import Dialect, Granted, LockTable, Script, run_script
 
 __all__ = ["SQLiteBackend", "SQLiteDialect"]

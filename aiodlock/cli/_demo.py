@@ -27,7 +27,7 @@ import anyio
 import aiodlock
 
 from .. import LockError
-from ..backends._base import Capability
+from .._types import Capability
 from ._common import (
     DEMO_NAMESPACE,
     EX_CONFIG,

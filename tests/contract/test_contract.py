@@ -9,7 +9,7 @@ import time
 import pytest
 
 import aiodlock
-from aiodlock.backends._base import Capability
+from aiodlock._types import Capability
 from tests.helpers import HANG, ClientFactory, eventually
 
 # -- 1. mutual exclusion -----------------------------------------------------------------

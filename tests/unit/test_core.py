@@ -16,7 +16,8 @@ import pytest
 import aiodlock
 import aiodlock.testing
 from aiodlock import BackendError
-from aiodlock.backends._base import Backend, Grant, Request, Waiter
+from aiodlock._types import Grant, Request, Waiter
+from aiodlock.backends._base import Backend
 from aiodlock.backends.memory import MemoryBackend
 from tests.helpers import eventually
 

@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from .._base import monotonic
+from ..._types import monotonic
 from ._node import eval_wait
 from ._wire import (
     Address,

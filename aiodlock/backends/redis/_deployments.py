@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..._errors import ConfigurationError
+from ..._types import CommonConfig
 from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
-from .._base import CommonConfig
 from ._cluster import ClusterLinks
 from ._node import Links, ServerLinks
 from ._scripts import ALL_SCRIPTS

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import describe
+from ..._types import monotonic
 from ..._wakeup import Backoff, Timer, WakeupBoard
-from .._base import monotonic
 from ._wire import Link, NodeConnectionError, PushPipe, pack
 
 log = logging.getLogger("aiodlock")

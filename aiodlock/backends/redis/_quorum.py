@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final
 
 from ..._errors import BackendError, BackendTimeout, describe, translating
+from ..._types import monotonic
 from ..._wakeup import Timer
-from .._base import monotonic
 from ._pubsub import PubSubHub
 from ._scripts import Memo
 from ._wire import WIRE_ERRORS, Link, OnReply, ScriptCall

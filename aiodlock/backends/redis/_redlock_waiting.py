@@ -13,8 +13,8 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..._types import Busy, Waiter, monotonic
 from ..._wakeup import Reservations, Slot, Wakeup, WakeupBoard
-from .._base import Busy, Waiter, monotonic
 from ._pubsub import PubSubHub
 
 

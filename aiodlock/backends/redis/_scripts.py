@@ -198,6 +198,23 @@ end
 )
 
 
+# others_first(queue, deadlines, member): the first live waiter in line when it is not
+# ``member`` (with the server time), else false; ``member`` first in line leaves the line.
+_LINE = """
+local function others_first(queue, deadlines, member)
+  if redis.call('EXISTS', queue) == 0 then return false end
+  local now = now_ms()
+  local head = purge(queue, deadlines, now)
+  if head and head ~= member then return head, now end
+  if head then
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, head)
+  end
+  return false
+end
+"""
+
+
 def _script(name: str, helpers: str, text: str) -> Script:
     """A script whose header comment (the text's leading ``--`` lines) comes first."""
     lines = text.strip("\n").split("\n")
@@ -213,7 +230,7 @@ def _script(name: str, helpers: str, text: str) -> Script:
 
 ACQUIRE = _script(
     "acquire",
-    _NOW + _PURGE,
+    _NOW + _PURGE + _LINE,
     """
 -- One attempt to take a lock without a place in line: a free lock goes to whoever asks
 -- first, unless owners wait in line (fair waiters, or urgent ones: non-fair waiters that
@@ -227,16 +244,9 @@ ACQUIRE = _script(
 --         0              held by another owner, with no expiry (never set by aiodlock)
 -- (An integer rather than a table: it costs the server noticeably less.)
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local now = now_ms()
-    local head = purge(KEYS[3], KEYS[4], now)
-    if head and head ~= '!' .. ARGV[1] then
-      return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
-    end
-    if head then
-      redis.call('LPOP', KEYS[3])
-      redis.call('ZREM', KEYS[4], head)
-    end
+  local head, now = others_first(KEYS[3], KEYS[4], '!' .. ARGV[1])
+  if head then
+    return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
   end
   local token = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[1], token)
@@ -356,7 +366,7 @@ return 1
 
 RELEASE_TRANSFER = _script(
     "release_transfer",
-    _NOTIFY,
+    _NOTIFY + _LINE,
     """
 -- Release a lock and grant it at once to a waiter of the releaser's own process (non-fair
 -- locks only): a same-process hand-off in ONE round trip, with no message (not free).
@@ -374,16 +384,10 @@ if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local head = purge(KEYS[3], KEYS[4], now_ms())
-  if head and head ~= '!' .. ARGV[3] then
-    call_next(head, ARGV[5], ARGV[6])
-    return -1
-  end
-  if head then
-    redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], head)
-  end
+local head = others_first(KEYS[3], KEYS[4], '!' .. ARGV[3])
+if head then
+  call_next(head, ARGV[5], ARGV[6])
+  return -1
 end
 local granted = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], ARGV[3], granted)

@@ -32,8 +32,8 @@ from typing import Any, Final
 import hiredis
 
 from ..._errors import BackendTimeout
+from ..._types import monotonic
 from ..._wakeup import Timer
-from .._base import monotonic
 from ._scripts import Memo, Script
 
 log = logging.getLogger("aiodlock")

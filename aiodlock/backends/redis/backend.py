@@ -7,10 +7,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 from ..._errors import BackendError
-from ..._types import LostCallback, Request, Waiter, monotonic
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
 from ..._url import ParsedURL
 from ..._wakeup import WakeupBoard
-from .._base import Backend, Busy, Capability, CommonConfig, Grant, LockStatus
+from .._base import Backend
 from ._deployments import Settings, connect_deployment, parse_settings
 from ._node import GrantData, RedisNode, ms
 from ._pubsub import PubSubHub

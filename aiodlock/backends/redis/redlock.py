@@ -47,9 +47,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Self
 
 from ..._errors import BackendError, describe
-from ..._types import LostCallback, Request, Waiter, monotonic
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
 from ..._url import ParsedURL
-from .._base import Backend, Busy, Capability, CommonConfig, Grant, LockStatus
+from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
 from ._node import acquire_call, ms, release_calls
 from ._pubsub import PubSubHub

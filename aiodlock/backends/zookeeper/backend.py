@@ -26,9 +26,18 @@ from aiozk import exc, protocol
 
 from ..._errors import BackendError, BackendTimeout
 from ..._retry import retrying
-from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    monotonic,
+)
 from ..._url import ParsedURL
-from .._base import Backend, CommonConfig, LostCallback
+from .._base import Backend
 from ._holds import Holds, Node
 from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
 from ._options import DEFAULT_PORT, acl_for, describe, digest_auth

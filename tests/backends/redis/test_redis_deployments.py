@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 import aiodlock
-from aiodlock.backends._base import Grant, Request
+from aiodlock._types import Grant, Request
 from aiodlock.backends.redis._cluster import ClusterLinks
 
 from .conftest import ClusterDeployment, SentinelDeployment

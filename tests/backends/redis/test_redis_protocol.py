@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 import aiodlock
-from aiodlock.backends._base import Busy, Grant, Request
+from aiodlock._types import Busy, Grant, Request
 from aiodlock.backends.redis._deployments import connect_deployment
 from aiodlock.backends.redis._node import ServerLinks
 from aiodlock.backends.redis._scripts import ALL_SCRIPTS, LockKeys, escape_name

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock._local import LocalWaiters
-from aiodlock.backends._base import Busy, Grant, Request, monotonic
+from aiodlock._types import Busy, Grant, Request, monotonic
 from aiodlock.backends.redis import RedisBackend
 from aiodlock.backends.redis._scripts import RELEASE_TRANSFER
 

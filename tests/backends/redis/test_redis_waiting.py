@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends._base import Busy, Request
+from aiodlock._types import Busy, Request
 from aiodlock.backends.redis._wire import Address
 
 from .redis_helpers import (

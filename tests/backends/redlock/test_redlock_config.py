@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
-from aiodlock.backends._base import Capability
+from aiodlock._types import Capability
 from aiodlock.backends.redis import RedlockBackend
 from tests.servers import RedisGroup
 

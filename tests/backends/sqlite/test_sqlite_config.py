@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import aiodlock
-from aiodlock.backends._base import Capability
+from aiodlock._types import Capability
 from aiodlock.backends.sqlite import SQLiteBackend
 
 from .sqlite_helpers import ClientFactory, backend_of

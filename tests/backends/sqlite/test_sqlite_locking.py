@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 import aiodlock
+from aiodlock._types import Busy, Grant, Request, monotonic
 from aiodlock.backends import sqlite as sqlite_backend
-from aiodlock.backends._base import Busy, Grant, Request, monotonic
 
 from .sqlite_helpers import ClientFactory, backend_of
 

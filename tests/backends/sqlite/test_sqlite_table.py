@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aiodlock.backends._base import Busy
+from aiodlock._types import Busy
 from aiodlock.backends._sql import (
     Dialect,
     Granted,
