@@ -16,7 +16,7 @@ import asyncio
 import collections
 import contextlib
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 
@@ -179,12 +179,14 @@ class WakeupBoard:
         if slot.event.is_set():
             self.wake_one(name)
 
-    def wake_one(self, name: str) -> bool:
+    def wake_one(self, name: str, may_go: Callable[[object], bool] | None = None) -> bool:
+        """Wake the oldest waiter of ``name`` with no wake-up on its way (and, given
+        ``may_go``, whose tag it accepts)."""
         slots = self._slots.get(name)
         if not slots:
             return False
         for slot in slots.values():
-            if not slot.event.is_set():
+            if not slot.event.is_set() and (may_go is None or may_go(slot.tag)):
                 slot.event.set()
                 return True
         return False

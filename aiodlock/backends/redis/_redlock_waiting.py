@@ -38,20 +38,23 @@ class RedlockBoard(WakeupBoard):
     local attempt, hold or hand-off makes an attempt pointless right now.
     """
 
-    def __init__(self, quiet: Callable[[str], bool]) -> None:
+    def __init__(self, quiet: Callable[[str], bool], ready: Callable[[str, object], bool]) -> None:
         super().__init__()
         self._quiet = quiet
+        self._ready = ready
 
-    def wake_one(self, name: str) -> bool:
+    def wake_one(self, name: str, may_go: Callable[[object], bool] | None = None) -> bool:
         if name not in self or self.pending(name) or self._quiet(name):
             return False
-        return super().wake_one(name)
+        return super().wake_one(name, may_go)
 
     def wake_direct(self, name: str) -> bool:
-        """Wake one waiter after a release by this process (no message needed)."""
+        """Wake one waiter after a release by this process (no message needed): the oldest
+        that may ask now (not one pausing after a split vote, which would not ask before
+        its pause ends and would hold back the reservation made for it)."""
         if self.pending(name):
             return False
-        return super().wake_one(name)
+        return super().wake_one(name, lambda owner: self._ready(name, owner))
 
 
 class RedlockLocal:
@@ -61,7 +64,7 @@ class RedlockLocal:
 
     def __init__(self, op_timeout: float, retry_delay: float) -> None:
         self.retry_delay = retry_delay
-        self.board = RedlockBoard(self.quiet)
+        self.board = RedlockBoard(self.quiet, self.ready)
         self.names: dict[str, LocalName] = {}
         self._limit = 1024
         self.waiters: dict[tuple[str, str], RedlockWaiter] = {}
@@ -74,6 +77,13 @@ class RedlockLocal:
     def poll_interval(self) -> float:
         delay = self.retry_delay
         return random.uniform(delay / 2, delay)
+
+    def ready(self, channel_key: str, owner: object) -> bool:
+        """May ``owner`` ask now (it is not pausing after a split vote)?"""
+        if not self.not_before or not isinstance(owner, str):
+            return True
+        until = self.not_before.get((channel_key, owner))
+        return until is None or until <= monotonic()
 
     def quiet(self, channel_key: str) -> bool:
         """Is a release message on this channel of no use to local waiters right now?"""
@@ -178,10 +188,9 @@ class RedlockLocal:
     def released(self, ckey: str, owner: str) -> None:
         """A release by this process ended (whatever its outcome)."""
         self.forget_holder(ckey, owner)
-        if self.board.count(ckey):
-            # Wake a local waiter at once (no need to wait for a message) and reserve
-            # the next attempt for it: the releasing task must not barge back in.
-            self.board.wake_direct(ckey)
+        if self.board.count(ckey) and self.board.wake_direct(ckey):
+            # A local waiter was woken at once (no need to wait for a message): reserve
+            # the next attempt for it, the releasing task must not barge back in.
             self.reservations.reserve(ckey)
 
 
@@ -271,7 +280,7 @@ class RedlockWaiting:
         channel = self._channel
         ckey = channel.decode("latin-1")
         key = self._key = (ckey, self._owner)
-        slot = self._slot = local.board.add(ckey)
+        slot = self._slot = local.board.add(ckey, self._owner)
         self._waiter: RedlockWaiter | None = None
         #: (hub, its channel state) subscribed, and (hub, task) still subscribing
         self._entered: list[tuple[PubSubHub, Any]] = []
