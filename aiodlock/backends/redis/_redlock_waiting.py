@@ -188,9 +188,11 @@ class RedlockLocal:
     def released(self, ckey: str, owner: str) -> None:
         """A release by this process ended (whatever its outcome)."""
         self.forget_holder(ckey, owner)
-        if self.board.count(ckey) and self.board.wake_direct(ckey):
-            # A local waiter was woken at once (no need to wait for a message): reserve
-            # the next attempt for it, the releasing task must not barge back in.
+        board = self.board
+        if board.count(ckey) and (board.pending(ckey) or board.wake_direct(ckey)):
+            # A local waiter is woken (at once: no need to wait for a message), unless all
+            # of them pause after a split vote: reserve the next attempt for it, the
+            # releasing task must not barge back in.
             self.reservations.reserve(ckey)
 
 
