@@ -20,12 +20,15 @@ binary skips the test, except when ``CI=true``: then it fails.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+import aiodlock
+from tests.helpers import ClientFactory, open_clients
 from tests.servers import (
     EtcdCluster,
     EtcdServer,
@@ -228,3 +231,33 @@ def etcd_cluster(_factory: _Factory) -> Callable[..., EtcdCluster]:
         return cluster.start()
 
     return start
+
+
+# -- clients: one fixture for every folder --------------------------------------------------
+# A folder says where its locks live (``lock_url``) and, where it differs, with which options
+# (``client_options``); ``make_client`` and ``client`` are the same everywhere.
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A fresh namespace per test (the servers are shared)."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def client_options(namespace: str) -> dict[str, Any]:
+    return {"namespace": namespace, "op_timeout": 5.0}
+
+
+@pytest.fixture
+async def make_client(
+    lock_url: str, client_options: dict[str, Any]
+) -> AsyncIterator[ClientFactory]:
+    """``await make_client(url=None, **options)``: an open client, closed at teardown."""
+    async with open_clients(lock_url, **client_options) as make:
+        yield make
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> aiodlock.Client:
+    return await make_client()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import pytest
 
@@ -18,6 +20,40 @@ import aiodlock
 
 #: Generous upper bound for "this must not hang" (the machine is shared and loaded).
 HANG = 30.0
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The one cross-process worker (see its docstring for the modes).
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def worker_command(*args: str) -> list[str]:
+    """The command line of a worker process: ``worker_command("hold", url, name, ...)``."""
+    return [sys.executable, str(WORKER), *args]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process: this checkout importable, no AIODLOCK_URL."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("AIODLOCK_URL", None)
+    return env
+
+
+class Cycle(NamedTuple):
+    """One line of a ``cycles`` worker's log."""
+
+    token: int
+    pid: int
+    entered: float
+    left: float
+    state: str
+
+
+def read_cycles(log: Path) -> list[Cycle]:
+    """The cycles the workers logged, in the order they entered."""
+    rows = [line.split() for line in log.read_text().splitlines()]
+    cycles = [Cycle(int(t), int(p), float(e), float(lf), st) for t, p, e, lf, st in rows]
+    return sorted(cycles, key=lambda c: c.entered)
 
 
 class ClientFactory(Protocol):

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import aiodlock
-from tests.helpers import ClientFactory, open_clients
+from tests.helpers import ClientFactory
 
 #: backend -> (module, marks)
 BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
@@ -70,16 +69,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
 
 
 @pytest.fixture
-async def make_client(backend_url: str) -> AsyncIterator[ClientFactory]:
-    """Open clients on the backend under test, all in one fresh namespace; closed at the end."""
-    namespace = f"t{uuid.uuid4().hex[:10]}"
-    async with open_clients(backend_url, namespace=namespace, op_timeout=5.0) as make:
-        yield make
-
-
-@pytest.fixture
-async def client(make_client: ClientFactory) -> aiodlock.Client:
-    return await make_client()
+def lock_url(backend_url: str) -> str:
+    return backend_url
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-import aiodlock
 from tests.conftest import require_server
-from tests.helpers import open_clients
 from tests.servers import HOST, RedisServer, ServerError, free_port
 
-from .redis_helpers import ClientFactory, RawFactory
+from .redis_helpers import RawFactory
 
 SERVICE = "mymaster"
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
@@ -42,15 +34,8 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-async def make_client(redis_url: str, namespace: str) -> AsyncIterator[ClientFactory]:
-    """``await make_client(url=None, **options)``: an open client (the test's namespace)."""
-    async with open_clients(redis_url, namespace=namespace, op_timeout=5.0) as make:
-        yield make
-
-
-@pytest.fixture
-async def client(make_client: ClientFactory) -> aiodlock.Client:
-    return await make_client()
+def lock_url(redis_url: str) -> str:
+    return redis_url
 
 
 @pytest.fixture

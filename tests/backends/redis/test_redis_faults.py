@@ -6,15 +6,14 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 import aiodlock
+from tests.helpers import worker_command, worker_env
 
 from .redis_helpers import (
     HANG,
@@ -31,15 +30,10 @@ from .redis_helpers import (
 
 pytestmark = pytest.mark.redis
 
-WORKER = Path(__file__).with_name("redis_worker.py")
-
 
 def _start_holder(url: str, name: str, **options: Any) -> subprocess.Popen[str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    args = [sys.executable, str(WORKER), url, name, *(f"{k}={v}" for k, v in options.items())]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    args = worker_command("hold", url, name, *(f"{k}={v}" for k, v in options.items()))
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=worker_env())
 
 
 @pytest.mark.slow

@@ -9,24 +9,14 @@ look at the keys directly.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio as aioredis
 
-import aiodlock
-from tests.helpers import open_clients
 from tests.servers import RedisGroup
 
-from .redlock_helpers import ClientFactory
-
 NODES = 5
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
@@ -41,15 +31,8 @@ def url(five: RedisGroup) -> str:
 
 
 @pytest.fixture
-async def make_client(url: str, namespace: str) -> AsyncIterator[ClientFactory]:
-    """``await make_client(url=None, **options)``: an open client (the test's namespace)."""
-    async with open_clients(url, namespace=namespace, op_timeout=5.0) as make:
-        yield make
-
-
-@pytest.fixture
-async def client(make_client: ClientFactory) -> aiodlock.Client:
-    return await make_client()
+def lock_url(url: str) -> str:
+    return url
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import redis.asyncio as aioredis
 
 import aiodlock
 from aiodlock.backends.redis._scripts import LockKeys
+from tests.helpers import read_cycles, worker_command, worker_env
 from tests.servers import RedisGroup
 
 from .redlock_helpers import (
@@ -29,42 +28,29 @@ from .redlock_helpers import (
 
 pytestmark = pytest.mark.redis
 
-WORKER = Path(__file__).with_name("redlock_worker.py")
-ROOT = str(Path(__file__).resolve().parents[3])
-
 
 @pytest.mark.slow
 async def test_several_processes_exclude_each_other_and_tokens_increase(
     url: str, namespace: str, tmp_path: Path
 ) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    marker = tmp_path / "inside"
+    log = tmp_path / "log"
     rounds = 15
     procs = [
         await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            url,
-            "procs",
-            str(rounds),
-            str(marker),
-            f"namespace={namespace}",
+            *worker_command(
+                "cycles", url, "procs", str(rounds), str(log), f"namespace={namespace}"
+            ),
             stdout=subprocess.PIPE,
-            env=env,
+            env=worker_env(),
         )
         for _ in range(4)
     ]
-    outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 90)
+    await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 90)
     for proc in procs:
         assert proc.returncode == 0
-    lines = [line for out, _ in outputs for line in out.decode().splitlines()]
-    assert not [line for line in lines if line.startswith("OVERLAP")]
-    rows = sorted(
-        (float(entered), float(left), int(token))
-        for kind, token, entered, left in (line.split() for line in lines)
-        if kind == "ROUND"
-    )
+    cycles = read_cycles(log)
+    assert not [c for c in cycles if c.state == "OVERLAP"]
+    rows = [(c.entered, c.left, c.token) for c in cycles]
     assert len(rows) == 4 * rounds
     for (_, left, token), (entered, _, next_token) in itertools.pairwise(rows):
         assert left <= entered  # one holder at a time

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from tests.helpers import open_clients
-
-from .sqlite_helpers import ClientFactory
 
 
 @pytest.fixture
@@ -24,10 +21,13 @@ def db_url(db_path: Path) -> str:
 
 
 @pytest.fixture
-async def make_client(db_url: str) -> AsyncIterator[ClientFactory]:
-    """``await make_client(**options)``: an open client on the test's database file."""
-    async with open_clients(db_url) as make:
-        yield make
+def lock_url(db_url: str) -> str:
+    return db_url
+
+
+@pytest.fixture
+def client_options() -> dict[str, Any]:
+    return {}  # (the default namespace: the tests read the tables directly)
 
 
 @pytest.fixture

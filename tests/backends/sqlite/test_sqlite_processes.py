@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import statistics
 import time
@@ -14,17 +13,9 @@ import anyio
 import pytest
 
 import aiodlock
+from tests.helpers import read_cycles, worker_command, worker_env
 
-from .sqlite_helpers import ClientFactory, backend_of, worker_command
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.pop("AIODLOCK_URL", None)
-    return env
+from .sqlite_helpers import ClientFactory, backend_of
 
 
 class Serving:
@@ -59,7 +50,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=tmp_path,
-            env=_env(),
+            env=worker_env(),
         )
         procs.append(proc)
         return Serving(proc)
@@ -74,14 +65,14 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
 async def test_mutual_exclusion_and_token_order_across_processes(
     tmp_path: Path, db_url: str
 ) -> None:
-    marker = tmp_path / "inside"
     log = tmp_path / "log"
     procs, rounds = 4, 20
+    fast = ("poll_min=0.001", "poll_max=0.005")
     children = [
         await asyncio.create_subprocess_exec(
-            *worker_command("contend", db_url, "shared", str(rounds), str(marker), str(log)),
+            *worker_command("cycles", db_url, "shared", str(rounds), str(log), *fast),
             cwd=tmp_path,
-            env=_env(),
+            env=worker_env(),
         )
         for _ in range(procs)
     ]
@@ -94,12 +85,12 @@ async def test_mutual_exclusion_and_token_order_across_processes(
                 child.kill()
                 await child.wait()
     assert codes == [0] * procs
-    entries = [line.split() for line in log.read_text().splitlines()]
+    entries = read_cycles(log)
     assert len(entries) == procs * rounds
-    assert [state for _, _, state in entries].count("OVERLAP") == 0
-    tokens = [int(token) for token, _, _ in entries]
+    assert [c.state for c in entries].count("OVERLAP") == 0
+    tokens = [c.token for c in entries]
     assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
-    assert len({pid for _, pid, _ in entries}) == procs
+    assert len({c.pid for c in entries}) == procs
 
 
 @pytest.mark.slow

@@ -13,28 +13,21 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiozk
 import pytest
 
 from tests.conftest import require_server
-from tests.helpers import open_clients
 from tests.servers import ZooKeeperServer
 
-from .zk_helpers import ClientFactory, RawFactory, RequestLogZooKeeper
+from .zk_helpers import RawFactory, RequestLogZooKeeper
 
 pytestmark = pytest.mark.zookeeper
 
 Z = TypeVar("Z", bound=ZooKeeperServer)
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
@@ -43,9 +36,13 @@ def zk_url(zookeeper_server: ZooKeeperServer) -> str:
 
 
 @pytest.fixture
-async def make_client(zk_url: str, namespace: str) -> AsyncIterator[ClientFactory]:
-    async with open_clients(zk_url, namespace=namespace, session_timeout=4.0) as make:
-        yield make
+def lock_url(zk_url: str) -> str:
+    return zk_url
+
+
+@pytest.fixture
+def client_options(namespace: str) -> dict[str, Any]:
+    return {"namespace": namespace, "session_timeout": 4.0}
 
 
 @pytest.fixture

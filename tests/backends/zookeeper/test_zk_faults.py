@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 import aiodlock
+from tests.helpers import read_cycles
 from tests.servers import ZooKeeperEnsemble, ZooKeeperServer
 
 from .zk_helpers import (
@@ -47,17 +49,15 @@ async def test_mutual_exclusion_across_processes(
     finally:
         for proc in procs:
             await _reap(proc)
-    lines = [line.split() for line in log.read_text().splitlines()]
-    assert len(lines) == 3 * 15 * 2
-    tokens = []
-    for enter, leave in zip(lines[::2], lines[1::2], strict=True):
-        assert enter[0] == "enter"
-        assert leave[0] == "exit"
-        assert enter[1:] == leave[1:]  # same process and token: nobody came in between
-        tokens.append(int(enter[2]))
+    cycles = read_cycles(log)
+    assert len(cycles) == 3 * 15
+    for cycle, after in itertools.pairwise(cycles):
+        assert cycle.left <= after.entered  # nobody came in between
+    assert [c.state for c in cycles].count("OVERLAP") == 0
+    tokens = [c.token for c in cycles]
     assert tokens == sorted(tokens)
     assert len(set(tokens)) == len(tokens)
-    assert len({line[1] for line in lines}) == 3
+    assert len({c.pid for c in cycles}) == 3
 
 
 async def test_killed_holder_process_frees_the_lock_when_its_session_expires(
@@ -67,7 +67,7 @@ async def test_killed_holder_process_frees_the_lock_when_its_session_expires(
     proc = await start_worker("hold", url, "victim")
     try:
         line = await read_line(proc)
-        assert line.startswith("held ")
+        assert line.startswith("HELD ")
         held_token = int(line.split()[1])
         client = await make_client()
         waiter = asyncio.create_task(_take_and_release(client, "victim"))

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import sys
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiozk
@@ -19,13 +16,10 @@ from aiodlock.backends.zookeeper import ZooKeeperBackend
 from tests.helpers import HANG as HANG
 from tests.helpers import ClientFactory as ClientFactory
 from tests.helpers import eventually as eventually
+from tests.helpers import worker_command, worker_env
 from tests.servers import ZooKeeperServer
 
 RawFactory = Callable[[str], Awaitable[aiozk.ZKClient]]
-
-
-WORKER = Path(__file__).with_name("zk_worker.py")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def backend_of(client: aiodlock.Client) -> ZooKeeperBackend:
@@ -48,16 +42,12 @@ async def queue_length(client: aiodlock.Client, raw: aiozk.ZKClient, name: str) 
 
 
 async def start_worker(*args: str) -> asyncio.subprocess.Process:
-    """Run tests/backends/zookeeper/zk_worker.py in another Python process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    """Run tests/worker.py in another Python process."""
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        *args,
+        *worker_command(*args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=env,
+        env=worker_env(),
     )
 
 
