@@ -6,9 +6,12 @@ import math
 
 from ._errors import ConfigurationError
 
-__all__ = ["MAX_NAME_LENGTH", "check_name", "check_seconds"]
+__all__ = ["MAX_NAME_LENGTH", "MAX_SECONDS", "check_name", "check_seconds"]
 
 MAX_NAME_LENGTH = 512
+#: The longest duration anything takes (a lease, a wait, a timeout): one year.  Longer ones
+#: are refused here, not left to overflow a server's integer.
+MAX_SECONDS = 365 * 24 * 3600.0
 
 
 def check_name(name: object) -> str:
@@ -39,4 +42,8 @@ def check_seconds(what: str, value: object, *, allow_none: bool, positive: bool)
         if allow_none and not positive:
             return None  # timeout=inf means wait forever
         raise ConfigurationError(f"{what} must be finite, got {value!r}")
+    if number > MAX_SECONDS:
+        raise ConfigurationError(
+            f"{what} must be at most one year ({MAX_SECONDS:.0f} s), got {value!r}"
+        )
     return number

@@ -83,11 +83,29 @@ class LockedDecorator:
         return wrapper
 
 
-def _check_template(template: str, signature: inspect.Signature, func: Callable[..., Any]) -> None:
+def _fields(template: str, text: str) -> list[str]:
+    """Every field of ``text``, also those nested in format specs; checks conversions."""
+    fields: list[str] = []
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
         raise ConfigurationError(f"bad lock key template {template!r}: {exc}") from exc
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if conversion not in (None, "r", "s", "a"):
+            raise ConfigurationError(
+                f"bad lock key template {template!r}: unknown conversion '!{conversion}' "
+                f"(use !r, !s or !a)"
+            )
+        fields.append(field)
+        if spec:
+            fields.extend(_fields(template, spec))
+    return fields
+
+
+def _check_template(template: str, signature: inspect.Signature, func: Callable[..., Any]) -> None:
+    fields = _fields(template, template)
     params = signature.parameters
     for field in fields:
         head = field

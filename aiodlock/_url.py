@@ -14,6 +14,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
+from ._checks import MAX_SECONDS
 from ._errors import ConfigurationError
 
 __all__ = [
@@ -173,6 +174,10 @@ def take_float(
         raise ConfigurationError(f"option {name!r} must be at least {minimum}, got {value!r}")
     if not allow_zero and number <= 0:
         raise ConfigurationError(f"option {name!r} must be greater than 0, got {value!r}")
+    if number > MAX_SECONDS:
+        raise ConfigurationError(
+            f"option {name!r} must be at most one year ({MAX_SECONDS:.0f} s), got {value!r}"
+        )
     return number
 
 

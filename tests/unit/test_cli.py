@@ -208,6 +208,13 @@ def test_configuration_errors_exit_2(tmp_path: Path) -> None:
     assert "bogus_option" in option.stderr
 
 
+def test_a_duration_over_a_year_exits_2_without_a_traceback(env: dict[str, str]) -> None:
+    result = run_cli(env, "run", "--ttl", "1e13", "job", "--", "true")
+    assert result.returncode == 2
+    assert "ttl must be at most one year" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_password_never_printed(tmp_path: Path) -> None:
     env = _env(tmp_path, None)
     for url in (
