@@ -357,6 +357,17 @@ class SQLiteBackend(Backend):
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            links = os.stat(self.path).st_nlink
+            if links > 1:
+                # NOTE: each link name gets a -wal/-shm pair of its own, so processes that
+                # open the file by different names do not see each other's locks (SQLite's
+                # "How To Corrupt" page lists this).  A symlink is fine: it resolves to one.
+                raise ConfigurationError(
+                    f"sqlite: {self.path} has {links} hard links; processes that open it by "
+                    f"different names would not exclude each other: use one path (a symlink "
+                    f"is fine), and mount its directory, not the single file, into a container"
+                )
         conn = sqlite3.connect(
             self.path,
             timeout=_BUSY_SLICE,

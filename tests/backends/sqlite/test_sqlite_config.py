@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,25 @@ async def test_open_fails_cleanly_when_the_directory_cannot_be_made(
     with pytest.raises(aiodlock.BackendError):
         await make_client(f"sqlite:///{tmp_path}/afile/sub/locks.db")
     assert not (tmp_path / "afile" / "sub").exists()
+
+
+async def test_a_file_with_two_hard_links_is_refused_and_a_symlink_is_fine(
+    tmp_path: Path,
+) -> None:
+    # Each link name would get a -wal/-shm pair of its own: two processes opening the file
+    # by different names would not exclude each other.
+    first = tmp_path / "locks.db"
+    async with aiodlock.connect(f"sqlite:///{first}") as client:
+        assert await client.lock("job").try_acquire() is not None
+    os.link(first, tmp_path / "other.db")
+    for path in (first, tmp_path / "other.db"):
+        client = aiodlock.connect(f"sqlite:///{path}")
+        with pytest.raises(aiodlock.ConfigurationError, match="2 hard links"):
+            await client.open()
+        assert not client.is_open
+    os.unlink(tmp_path / "other.db")
+    os.symlink(first, tmp_path / "alias.db")
+    async with aiodlock.connect(f"sqlite:///{tmp_path / 'alias.db'}") as client:
+        lease = await client.lock("job").try_acquire()
+        assert lease is not None
+        assert lease.token == 2  # the same file as before
