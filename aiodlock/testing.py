@@ -30,4 +30,7 @@ def new_space() -> str:
 
 def memory_client(space: str | None = None, **options: Any) -> Client:
     """A client on the memory space ``space`` (a fresh private one by default)."""
+    if space is None:
+        # (a space of its own: it goes when the client closes)
+        options.setdefault("private", True)
     return connect(f"memory://{space or new_space()}", **options)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, Self
@@ -28,7 +29,7 @@ from .._types import (
     Request,
     monotonic,
 )
-from .._url import ParsedURL
+from .._url import ParsedURL, take_bool
 from ._base import Backend
 
 __all__ = ["MemoryBackend"]
@@ -55,7 +56,9 @@ class _Space:
 
     def __init__(self) -> None:
         self.names: dict[tuple[str, str], _Name] = {}
-        self.counters: dict[tuple[str, str], int] = {}
+        #: The next fencing token: one counter for every name of the space (each name's
+        #: tokens increase, and no name keeps a counter of its own after it is released).
+        self.tokens = itertools.count(1).__next__
 
     def state(self, key: tuple[str, str]) -> _Name:
         state = self.names.get(key)
@@ -68,8 +71,7 @@ class _Space:
             del self.names[key]
 
     def grant(self, key: tuple[str, str], state: _Name, request: Request) -> Grant:
-        token = self.counters.get(key, 0) + 1
-        self.counters[key] = token
+        token = self.tokens()
         now = monotonic()
         grant = Grant(request.name, request.owner, token, now + request.ttl)
         state.holder = grant
@@ -110,7 +112,8 @@ class _Space:
 
 
 # NOTE: process-wide by contract (clients of one process share a named space); this is the
-# one deliberate piece of global state in the library.
+# one deliberate piece of global state in the library.  A private space is not in it: it
+# belongs to its client and goes with it.
 _SPACES: dict[str, _Space] = {}
 
 
@@ -118,10 +121,12 @@ class MemoryBackend(Backend):
     backend_name = "memory"
     capabilities = Capability.FAIR | Capability.ALWAYS_FAIR | Capability.FENCING
 
-    def __init__(self, space: str, config: CommonConfig) -> None:
+    def __init__(self, space: str, config: CommonConfig, private: bool = False) -> None:
         self.space_name = space
         self.config = config
-        self._space = _SPACES.setdefault(space, _Space())
+        #: A space of this client's own, not shared by name (a test's: see testing.py).
+        self.private = private
+        self._space = _Space() if private else _SPACES.setdefault(space, _Space())
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -130,13 +135,18 @@ class MemoryBackend(Backend):
                 "a memory URL is 'memory://' or 'memory://SPACE' (a name, no path or password)"
             )
         space = url.hosts[0][0] if url.hosts else ""
-        return cls(space, config)
+        private = take_bool(options, "private", False)
+        return cls(space, config, bool(private))
 
     def describe(self) -> str:
         return f"memory://{self.space_name}"
 
     def _key(self, name: str) -> tuple[str, str]:
         return (self.config.namespace, name)
+
+    @property
+    def space(self) -> _Space:
+        return self._space
 
     async def open(self, on_lost: LostCallback) -> None:
         return None
@@ -146,15 +156,15 @@ class MemoryBackend(Backend):
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         key = self._key(request.name)
-        state = self._space.state(key)
+        state = self.space.state(key)
         holder = state.holder
         if holder is not None and holder.owner == request.owner:
-            self._space.set_expiry(key, state, monotonic() + request.ttl)
+            self.space.set_expiry(key, state, monotonic() + request.ttl)
             holder.expires_at = state.expires_at
             return holder
         if holder is None and not state.queue:
-            return self._space.grant(key, state, request)
-        self._space.gc(key, state)
+            return self.space.grant(key, state, request)
+        self.space.gc(key, state)
         left = None if holder is None else max(0.0, state.expires_at - monotonic())
         return Busy(left)
 
@@ -165,7 +175,7 @@ class MemoryBackend(Backend):
         if deadline is not None and monotonic() >= deadline:
             return None
         key = self._key(request.name)
-        space = self._space
+        space = self.space
         state = space.state(key)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         state.queue[request.owner] = _Waiter(request, future)
@@ -187,41 +197,41 @@ class MemoryBackend(Backend):
         results: list[float | None] = []
         for grant in grants:
             key = self._key(grant.name)
-            state = self._space.names.get(key)
+            state = self.space.names.get(key)
             if state is None or state.holder is None or state.holder.token != grant.token:
                 results.append(None)
                 continue
             expires_at = monotonic() + ttl
-            self._space.set_expiry(key, state, expires_at)
+            self.space.set_expiry(key, state, expires_at)
             state.holder.expires_at = expires_at
             results.append(expires_at)
         return results
 
     async def release(self, grant: Grant) -> bool:
         key = self._key(grant.name)
-        state = self._space.names.get(key)
+        state = self.space.names.get(key)
         if state is None or state.holder is None:
             return False
         if state.holder.owner != grant.owner or state.holder.token != grant.token:
             return False
-        self._space.vacate(key, state)
+        self.space.vacate(key, state)
         return True
 
     async def abandon(self, request: Request) -> None:
         key = self._key(request.name)
-        state = self._space.names.get(key)
+        state = self.space.names.get(key)
         if state is None:
             return
         waiter = state.queue.pop(request.owner, None)
         if waiter is not None and not waiter.future.done():
             waiter.future.cancel()
         if state.holder is not None and state.holder.owner == request.owner:
-            self._space.vacate(key, state)
+            self.space.vacate(key, state)
         else:
-            self._space.gc(key, state)
+            self.space.gc(key, state)
 
     async def status(self, name: str) -> LockStatus | None:
-        state = self._space.names.get(self._key(name))
+        state = self.space.names.get(self._key(name))
         if state is None or state.holder is None:
             return None
         holder = state.holder
@@ -230,8 +240,8 @@ class MemoryBackend(Backend):
 
     async def force_release(self, name: str) -> bool:
         key = self._key(name)
-        state = self._space.names.get(key)
+        state = self.space.names.get(key)
         if state is None or state.holder is None:
             return False
-        self._space.vacate(key, state)
+        self.space.vacate(key, state)
         return True
