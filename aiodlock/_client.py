@@ -42,6 +42,7 @@ from ._registry import load_backend
 from ._types import Busy, Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
+from ._wakeup import InFlight
 from ._watchdog import Watchdog
 from .backends._base import Backend
 
@@ -152,13 +153,11 @@ class Client:
         self._unwatched = False
         self._state: Literal["new", "open", "closing", "closed"] = "new"
         #: Tasks inside acquire() past the open check: close() ends their waits.
-        self._acquiring: set[asyncio.Task[Any]] = set()
+        self._acquiring = InFlight()
         #: The tasks close() cancelled to end their acquire (they raise LockError instead).
         self._ended_by_close: set[asyncio.Task[Any]] = set()
-        #: Server releases under way (close() lets them finish before closing the backend).
-        self._releasing = 0
-        self._releases_done: asyncio.Event | None = None
-        self._acquires_done: asyncio.Event | None = None
+        #: Holds whose server release is under way (close() lets them finish first).
+        self._releasing = InFlight()
         self._open_lock: asyncio.Lock | None = None
         self._watchdog = Watchdog(
             backend,
@@ -248,7 +247,7 @@ class Client:
                 self._mark_lost(hold, "the client was closed while the lock was held")
             for hold in holds:
                 await self._server_release(hold)
-            await self._end_releases()
+            await self._releasing.drained(self._config.op_timeout)
             await self._watchdog.stop()
             for task in list(self._tasks):
                 task.cancel()
@@ -267,16 +266,12 @@ class Client:
         """Cancel every acquire in flight (it raises LockError) and wait until each has
         cleaned up after itself (bounded: each clean-up is bounded by op_timeout)."""
         current = asyncio.current_task()
-        tasks = [t for t in self._acquiring if t is not current and not t.done()]
-        for task in tasks:
-            self._ended_by_close.add(task)
-            task.cancel("aiodlock: the client was closed")
-        if not tasks:
-            return
-        self._acquires_done = asyncio.Event()
-        with anyio.move_on_after(self._config.op_timeout * 3):
-            await self._acquires_done.wait()
-        self._acquires_done = None
+        for task in self._acquiring:
+            assert isinstance(task, asyncio.Task)
+            if task is not current and not task.done():
+                self._ended_by_close.add(task)
+                task.cancel("aiodlock: the client was closed")
+        await self._acquiring.drained(self._config.op_timeout * 3)
 
     async def _give_back(self, task: asyncio.Task[Any], grant: Grant | None, name: str) -> None:
         """An acquire answered while close() runs: give the grant back through the backend,
@@ -301,23 +296,8 @@ class Client:
                             exc_info=True,
                         )
         finally:
-            self._acquire_ended(task)
+            self._acquiring.discard(task)
         raise LockError(f"the client was closed while acquiring {name!r}")
-
-    def _acquire_ended(self, task: asyncio.Task[Any]) -> None:
-        acquiring = self._acquiring
-        acquiring.discard(task)
-        if not acquiring and self._acquires_done is not None:
-            self._acquires_done.set()
-
-    async def _end_releases(self) -> None:
-        """Wait (bounded by op_timeout) for the server releases under way."""
-        if not self._releasing:
-            return
-        self._releases_done = asyncio.Event()
-        with anyio.move_on_after(self._config.op_timeout):
-            await self._releases_done.wait()
-        self._releases_done = None
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
@@ -516,7 +496,7 @@ class Client:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
             await self._abandon(request)
-            self._acquire_ended(task)
+            self._acquiring.discard(task)
             if isinstance(exc, asyncio.CancelledError) and task in self._ended_by_close:
                 self._ended_by_close.discard(task)
                 if task.uncancel() == 0:  # (no other cancellation pending: ours only)
@@ -524,7 +504,7 @@ class Client:
             raise
         if self._state != "open":
             await self._give_back(task, grant, name)
-        self._acquire_ended(task)
+        self._acquiring.discard(task)
         if grant is None:
             waited = monotonic() - started
             notify(self._observers, "on_timeout", name, owner, waited)
@@ -636,7 +616,7 @@ class Client:
             if started is None:
                 return
         hold.generation += 1
-        self._releasing += 1
+        self._releasing.add(hold)
         try:
             error: BaseException | None = None
             released = True
@@ -670,9 +650,7 @@ class Client:
                     at_release=True,
                 )
         finally:
-            self._releasing -= 1
-            if not self._releasing and self._releases_done is not None:
-                self._releases_done.set()
+            self._releasing.discard(hold)
             if hold.released:
                 hold.end()  # the holding is over: break the cycle
 

@@ -26,6 +26,7 @@ __all__ = [
     "Backoff",
     "BackoffWaiter",
     "BoardWaiter",
+    "InFlight",
     "Reservations",
     "Slot",
     "Wakeup",
@@ -213,6 +214,40 @@ class WakeupBoard:
     def wake_everyone(self) -> None:
         for name in list(self._slots):
             self.wake_all(name)
+
+
+class InFlight:
+    """What is under way (acquires, releases), and a bounded wait until none is left."""
+
+    __slots__ = ("_idle", "_items")
+
+    def __init__(self) -> None:
+        self._items: set[object] = set()
+        self._idle: asyncio.Event | None = None
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(list(self._items))
+
+    def add(self, item: object) -> None:
+        self._items.add(item)
+
+    def discard(self, item: object) -> None:
+        items = self._items
+        items.discard(item)
+        if not items and self._idle is not None:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> None:
+        """Return once nothing is under way, or after ``timeout`` seconds."""
+        if not self._items:
+            return
+        self._idle = asyncio.Event()
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
+        self._idle = None
 
 
 class Reservations:

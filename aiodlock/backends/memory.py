@@ -144,10 +144,6 @@ class MemoryBackend(Backend):
     def _key(self, name: str) -> tuple[str, str]:
         return (self.config.namespace, name)
 
-    @property
-    def space(self) -> _Space:
-        return self._space
-
     async def open(self, on_lost: LostCallback) -> None:
         return None
 
@@ -156,15 +152,15 @@ class MemoryBackend(Backend):
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         key = self._key(request.name)
-        state = self.space.state(key)
+        state = self._space.state(key)
         holder = state.holder
         if holder is not None and holder.owner == request.owner:
-            self.space.set_expiry(key, state, monotonic() + request.ttl)
+            self._space.set_expiry(key, state, monotonic() + request.ttl)
             holder.expires_at = state.expires_at
             return holder
         if holder is None and not state.queue:
-            return self.space.grant(key, state, request)
-        self.space.gc(key, state)
+            return self._space.grant(key, state, request)
+        self._space.gc(key, state)
         left = None if holder is None else max(0.0, state.expires_at - monotonic())
         return Busy(left)
 
@@ -175,7 +171,7 @@ class MemoryBackend(Backend):
         if deadline is not None and monotonic() >= deadline:
             return None
         key = self._key(request.name)
-        space = self.space
+        space = self._space
         state = space.state(key)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         state.queue[request.owner] = _Waiter(request, future)
@@ -197,41 +193,41 @@ class MemoryBackend(Backend):
         results: list[float | None] = []
         for grant in grants:
             key = self._key(grant.name)
-            state = self.space.names.get(key)
+            state = self._space.names.get(key)
             if state is None or state.holder is None or state.holder.token != grant.token:
                 results.append(None)
                 continue
             expires_at = monotonic() + ttl
-            self.space.set_expiry(key, state, expires_at)
+            self._space.set_expiry(key, state, expires_at)
             state.holder.expires_at = expires_at
             results.append(expires_at)
         return results
 
     async def release(self, grant: Grant) -> bool:
         key = self._key(grant.name)
-        state = self.space.names.get(key)
+        state = self._space.names.get(key)
         if state is None or state.holder is None:
             return False
         if state.holder.owner != grant.owner or state.holder.token != grant.token:
             return False
-        self.space.vacate(key, state)
+        self._space.vacate(key, state)
         return True
 
     async def abandon(self, request: Request) -> None:
         key = self._key(request.name)
-        state = self.space.names.get(key)
+        state = self._space.names.get(key)
         if state is None:
             return
         waiter = state.queue.pop(request.owner, None)
         if waiter is not None and not waiter.future.done():
             waiter.future.cancel()
         if state.holder is not None and state.holder.owner == request.owner:
-            self.space.vacate(key, state)
+            self._space.vacate(key, state)
         else:
-            self.space.gc(key, state)
+            self._space.gc(key, state)
 
     async def status(self, name: str) -> LockStatus | None:
-        state = self.space.names.get(self._key(name))
+        state = self._space.names.get(self._key(name))
         if state is None or state.holder is None:
             return None
         holder = state.holder
@@ -240,8 +236,8 @@ class MemoryBackend(Backend):
 
     async def force_release(self, name: str) -> bool:
         key = self._key(name)
-        state = self.space.names.get(key)
+        state = self._space.names.get(key)
         if state is None or state.holder is None:
             return False
-        self.space.vacate(key, state)
+        self._space.vacate(key, state)
         return True
