@@ -16,7 +16,9 @@ import asyncio
 import collections
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from typing import ClassVar
 
 import anyio
 
@@ -28,6 +30,7 @@ __all__ = [
     "BoardWaiter",
     "InFlight",
     "Reservations",
+    "SharedBoard",
     "Slot",
     "Wakeup",
     "WakeupBoard",
@@ -385,3 +388,40 @@ class Timer:
         when = self.due(monotonic())
         if when is not None:
             self.at(when)
+
+
+class SharedBoard:
+    """A :class:`WakeupBoard` shared by the backends of one event loop that use one resource.
+
+    Two clients of one process on one database file (say) hear each other's releases at
+    once through it, instead of at their next poll.  The core keeps these boards, not the
+    backends: the one process-wide registry of the core, keyed by event loop (gone with
+    its loop) and by the resource the backend names; an entry lives while a backend that
+    joined it has not left.
+    """
+
+    _loops: ClassVar[
+        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, SharedBoard]]
+    ] = weakref.WeakKeyDictionary()
+
+    def __init__(self, boards: dict[Hashable, SharedBoard], resource: Hashable) -> None:
+        self.board = WakeupBoard()
+        self._boards = boards
+        self._resource = resource
+        self._users = 0
+
+    @classmethod
+    def join(cls, resource: Hashable) -> SharedBoard:
+        """The board of ``resource`` on the running loop; :meth:`leave` it once when done."""
+        boards = cls._loops.setdefault(asyncio.get_running_loop(), {})
+        shared = boards.get(resource)
+        if shared is None:
+            shared = boards[resource] = cls(boards, resource)
+        shared._users += 1
+        return shared
+
+    def leave(self) -> None:
+        """One backend that joined leaves (call it once per join)."""
+        self._users -= 1
+        if self._users <= 0:
+            self._boards.pop(self._resource, None)

@@ -1,39 +1,27 @@
 """The lock-table design shared by the SQL backends (SQLite today, MySQL/MariaDB next).
 
-Data layout (two tables, names are the defaults)::
+Two tables (default names)::
 
-    aiodlock_locks     one row per HELD name
-        namespace   text      \\  unique key: one holder per (namespace, name)
-        name        binary    /   the lock name as UTF-8 bytes, compared byte for byte
-        owner       text      the holder's owner string (client id + task)
+    aiodlock_locks     one row per HELD name, unique key (namespace, name)
+        name        binary    the lock name as UTF-8 bytes, compared byte for byte
+        owner       text      the holder's owner string
         token       integer   the fencing token of this holding
         expires_at  integer   end of the lease, server time in microseconds
         version     integer   bumped by every write of the row (optimistic take-over)
 
-    aiodlock_counters  one row per name EVER locked; never deleted, never reset
-        namespace, name       unique key
-        token       integer   the last fencing token handed out for the name
+    aiodlock_counters  one row per name EVER locked, never deleted or reset:
+                       (namespace, name) -> the last fencing token handed out
 
-Every operation is a short *script*: a generator that yields statements
-(:class:`Fetch` -> list of rows, :class:`Execute` -> affected row count) and returns the
-outcome.  The scripts hold the whole algorithm and know nothing about the driver, so the
-same logic runs synchronously inside one worker thread (stdlib ``sqlite3``, see
-:func:`run_script`) or on an async driver (``aiomysql``, see :func:`run_script_async`).
-What differs between databases is kept in a small :class:`Dialect` object: placeholders,
-the DDL, the counter upsert, how to read the server clock, row locking for reads inside a
-write transaction, and a bounded delete of expired rows.
-
-The caller runs each script in the transaction its docstring names:
-
-* *write* scripts (:meth:`LockTable.attempt`, ``renew``, ``release``, ``abandon``,
-  ``force_release``) in one write transaction that serialises writers of the same rows
-  (SQLite ``BEGIN IMMEDIATE``; InnoDB ``START TRANSACTION`` plus ``Dialect.for_update``);
-* *read* scripts (:meth:`LockTable.probe`, ``owns``, ``status``) outside any write
-  transaction.
-
-Time: expiries are stored in *server* time, i.e. whatever clock ``Dialect.now_sql`` reads,
-or the local wall clock (:func:`time.time`) when it is ``None`` (SQLite: every process
-sharing the file runs on the same host and reads the same clock).
+Every operation is a *script*: a generator that yields statements (:class:`Fetch` -> the
+rows, :class:`Execute` -> the affected row count) and returns the outcome.  The scripts hold
+the whole algorithm and know no driver, so the same logic runs in a worker thread on stdlib
+``sqlite3`` (:func:`run_script`) or on an async driver (:func:`run_script_async`); a small
+:class:`Dialect` holds what differs between databases.  *Write* scripts (``attempt``,
+``renew``, ``release``, ``abandon``, ``force_release``) run in one write transaction that
+serialises writers of the same rows (SQLite ``BEGIN IMMEDIATE``; InnoDB plus
+``Dialect.for_update``), *read* scripts outside any.  Expiries are in server time
+(``Dialect.now_sql``, or the local wall clock when it is ``None``, as for SQLite, whose
+processes all run on one host).
 """
 
 from __future__ import annotations
@@ -115,9 +103,9 @@ def wall_clock_micros() -> int:
 
 
 class Dialect:
-    """What differs between SQL databases.  Subclass it; statements use ``?`` placeholders.
+    """What differs between SQL databases (the algorithm is :class:`LockTable`'s).
 
-    Keep it small: the algorithm lives in :class:`LockTable`, not here.
+    Subclass it; statements are written with ``?`` placeholders.
     """
 
     #: Short name, e.g. ``"sqlite"``.
@@ -138,17 +126,11 @@ class Dialect:
         raise NotImplementedError
 
     def bump_counter(self, counters: str) -> str:
-        """Insert ``(namespace, name, 1)`` or add 1 to the existing row's ``token``.
-
-        Parameters: ``(namespace, name)``.
-        """
+        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)."""
         raise NotImplementedError
 
     def sweep_expired(self, locks: str) -> str:
-        """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?`` (any namespace).
-
-        Parameters: ``(now,)``.
-        """
+        """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?``; params (now,)."""
         raise NotImplementedError
 
 
@@ -316,14 +298,11 @@ class LockTable:
         yield Execute(self._delete_held, (ns, key, owner, token))
         return bool(holder_expires > now)
 
-    def owns(self, name: str, owner: str) -> Script[bool]:
-        """READ: does ``owner`` have a row for ``name`` (live or expired)?
-
-        Lets :meth:`abandon` skip the write lock in the common case where the interrupted
-        attempt had not been granted (and so stay quick while the database is busy).
-        """
+    def left_nothing(self, name: str, owner: str) -> Script[bool | None]:
+        """READ: ``False`` when ``owner`` has no row for ``name`` (nothing to abandon), else
+        ``None``: :meth:`abandon` must run."""
         rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
-        return bool(rows) and rows[0][0] == owner
+        return None if rows and rows[0][0] == owner else False
 
     def abandon(self, name: str, owner: str) -> Script[bool]:
         """WRITE: delete ``name``'s row if ``owner`` holds it (any token); True if deleted."""

@@ -1,31 +1,21 @@
 """``sqlite:///path``: locks shared by every process of one host through one SQLite file.
 
 The embedded default of :func:`aiodlock.connect`.  The algorithm is the lock table of
-:mod:`aiodlock.backends._sql` (a row per held name, a version column for the optimistic
-take-over of an expired row, a never-reset counter per name for fencing tokens); this
-module adds the SQLite dialect, the connection handling and the local wake-ups:
-
-* stdlib :mod:`sqlite3`, one connection per backend instance, used by one worker thread
-  at a time (``anyio.to_thread``), in WAL mode; every write is a ``BEGIN IMMEDIATE``
-  transaction, so an attempt is atomic across processes;
-* a waiter polls with capped exponential backoff and jitter (nothing tells another process
-  that a row was deleted), and a release made in THIS process wakes one local waiter at
-  once through a :class:`~aiodlock._waiting.WakeupBoard` shared by every backend of the
-  event loop that opened the same database file.
-
-See ``docs/backends/sqlite.md`` for the guarantees and the failure modes.
+:mod:`aiodlock.backends._sql`; this module adds the SQLite dialect and the connection:
+stdlib :mod:`sqlite3`, one connection per backend, used by one worker thread at a time, in
+WAL mode, every write a ``BEGIN IMMEDIATE`` transaction (atomic across processes).  A waiter
+polls with capped, jittered backoff (nothing tells another process that a row went), and a
+release in THIS process wakes a local waiter at once through the wake-up board that the
+backends of one event loop share per database file.  See ``docs/backends/sqlite.md``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import sqlite3
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self, TypeVar
@@ -46,7 +36,7 @@ from .._types import (
     monotonic,
 )
 from .._url import ParsedURL, sqlite_url, take_float, take_str
-from .._wakeup import Backoff, BoardWaiter, WakeupBoard
+from .._wakeup import Backoff, BoardWaiter, SharedBoard, WakeupBoard
 from ._base import Backend
 from ._sql import Dialect, Granted, LockTable, Script, run_script
 
@@ -103,48 +93,6 @@ class SQLiteDialect(Dialect):
 SQLITE = SQLiteDialect()
 
 
-# -- the local wake-up boards --------------------------------------------------------------
-
-
-@dataclasses.dataclass(slots=True)
-class _Shared:
-    board: WakeupBoard
-    users: int = 0
-
-
-# NOTE: the one deliberate piece of process-wide state of this backend (like the memory
-# backend's spaces): every backend of one event loop that opened the same database file
-# (same device and inode) shares one WakeupBoard, so a release by one client of the process
-# wakes a waiter of another client at once instead of at its next poll.  Entries are
-# reference-counted by open backends and vanish with their event loop.
-_BOARDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int], _Shared]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _join_board(file_id: tuple[int, int]) -> WakeupBoard:
-    boards = _BOARDS.setdefault(asyncio.get_running_loop(), {})
-    shared = boards.get(file_id)
-    if shared is None:
-        shared = boards[file_id] = _Shared(WakeupBoard())
-    shared.users += 1
-    return shared.board
-
-
-def _leave_board(loop: asyncio.AbstractEventLoop, file_id: tuple[int, int]) -> None:
-    boards = _BOARDS.get(loop)
-    if boards is None:
-        return
-    shared = boards.get(file_id)
-    if shared is not None:
-        shared.users -= 1
-        if shared.users <= 0:
-            del boards[file_id]
-
-
-# -- the connection ---------------------------------------------------------------------------
-
-
 class _Abandoned(Exception):
     """A job whose caller gave up before it started; it never touches the database."""
 
@@ -157,8 +105,10 @@ class _Job:
     def __init__(self, fn: Callable[[sqlite3.Connection, _Job], Any], deadline: float) -> None:
         self.fn = fn
         self.deadline = deadline
-        # Set from the event loop when the caller gives up (cancelled, op_timeout).
-        self.cancelled = False
+        self.cancelled = False  # set from the event loop when the caller gives up
+
+
+Body = Callable[[sqlite3.Connection, _Job], T]
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -166,37 +116,49 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return code is not None and (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+def _while_busy(conn: sqlite3.Connection, job: _Job, run: Callable[[], T]) -> T:
+    """``run()``, rolled back and run again while the database is busy, until the job ends.
 
-
-def _transaction(
-    make_script: Callable[[], Script[T]], *, write: bool
-) -> Callable[[sqlite3.Connection, _Job], T]:
-    """A job body running a script in one transaction, retried while the database is busy.
-
-    A script that failed with SQLITE_BUSY has not committed (a busy COMMIT leaves the
-    transaction open and we roll it back), so running it again is safe.
+    A transaction that failed with SQLITE_BUSY has not committed (a busy COMMIT leaves it
+    open and we roll it back), so running it again is safe.
     """
+    while True:
+        try:
+            return run()
+        except BaseException as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            busy = isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)
+            if not busy or job.cancelled or monotonic() >= job.deadline:
+                raise
+
+
+def _transaction(make_script: Callable[[], Script[T]], *, write: bool) -> Body[T]:
+    """A job body running a script in one transaction (a write one: ``BEGIN IMMEDIATE``)."""
+
+    def run(conn: sqlite3.Connection) -> T:
+        if write:
+            conn.execute("BEGIN IMMEDIATE")
+        result = run_script(conn.execute, make_script())
+        if write:
+            conn.execute("COMMIT")
+        return result
+
+    return lambda conn, job: _while_busy(conn, job, lambda: run(conn))
+
+
+def _read_first(read: Callable[[], Script[T | None]], write: Callable[[], Script[T]]) -> Body[T]:
+    """Run ``read``, and ``write`` only if the read did not answer (returned ``None``).
+
+    A read never takes the write lock (WAL: it never blocks and is never blocked), so a
+    poll that finds a live holder, or a clean-up that finds nothing, costs no write.
+    """
+    first, then = _transaction(read, write=False), _transaction(write, write=True)
 
     def body(conn: sqlite3.Connection, job: _Job) -> T:
-        while True:
-            try:
-                if write:
-                    conn.execute("BEGIN IMMEDIATE")
-                result = run_script(conn.execute, make_script())
-                if write:
-                    conn.execute("COMMIT")
-                return result
-            except sqlite3.OperationalError as exc:
-                _rollback(conn)
-                if not _is_busy(exc) or job.cancelled or monotonic() >= job.deadline:
-                    raise
-            except BaseException:
-                _rollback(conn)
-                raise
+        answer = first(conn, job)
+        return then(conn, job) if answer is None else answer
 
     return body
 
@@ -239,10 +201,7 @@ class SQLiteBackend(Backend):
         # Guards the connection across worker threads (one thread uses it at a time).
         self._thread_lock = threading.Lock()
         self._gate: anyio.Lock | None = None
-        self._board: WakeupBoard | None = None
-        self._board_key: tuple[asyncio.AbstractEventLoop, tuple[int, int]] | None = None
-
-    # -- configuration -----------------------------------------------------------------------
+        self._shared: SharedBoard | None = None
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -279,20 +238,13 @@ class SQLiteBackend(Backend):
                 "SQLite URI filenames ('file:...') are not supported in a sqlite URL; "
                 "give a file path: 'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db'"
             )
-        busy_timeout = take_float(options, "busy_timeout", None, allow_zero=False)
-        poll_min = take_float(options, "poll_min", 0.005, allow_zero=False)
-        poll_max = take_float(options, "poll_max", 0.1, allow_zero=False)
-        synchronous = take_str(options, "synchronous", "full")
-        assert poll_min is not None
-        assert poll_max is not None
-        assert synchronous is not None
         return cls(
             path,
             config,
-            busy_timeout=busy_timeout,
-            poll_min=poll_min,
-            poll_max=poll_max,
-            synchronous=synchronous,
+            busy_timeout=take_float(options, "busy_timeout", None, allow_zero=False),
+            poll_min=take_float(options, "poll_min", 0.005, allow_zero=False) or 0.005,
+            poll_max=take_float(options, "poll_max", 0.1, allow_zero=False) or 0.1,
+            synchronous=take_str(options, "synchronous", "full") or "full",
         )
 
     def describe(self) -> str:
@@ -319,12 +271,11 @@ class SQLiteBackend(Backend):
         with self._thread_lock:
             if job.cancelled:
                 raise _Abandoned
-            conn = self._conn
-            if conn is None:
+            if self._conn is None:
                 raise sqlite3.ProgrammingError("the backend is closed")
-            return job.fn(conn, job)
+            return job.fn(self._conn, job)
 
-    async def _call(self, fn: Callable[[sqlite3.Connection, _Job], T], what: str) -> T:
+    async def _call(self, fn: Body[T], what: str) -> T:
         """Run ``fn(conn, job)`` in a worker thread, bounded by ``op_timeout``.
 
         Calls of one backend run one after another (``_gate``).  A caller that is cancelled
@@ -349,9 +300,6 @@ class SQLiteBackend(Backend):
 
     async def _write(self, make_script: Callable[[], Script[T]], what: str) -> T:
         return await self._call(_transaction(make_script, write=True), what)
-
-    async def _read(self, make_script: Callable[[], Script[T]], what: str) -> T:
-        return await self._call(_transaction(make_script, write=False), what)
 
     def _connect(self) -> sqlite3.Connection:
         directory = os.path.dirname(self.path)
@@ -382,30 +330,26 @@ class SQLiteBackend(Backend):
         return conn
 
     def _setup(self, conn: sqlite3.Connection, job: _Job) -> tuple[str, tuple[int, int]]:
-        while True:
-            try:
-                # WAL: readers (polls, status) never block the writer and vice versa.
-                # Persistent in the file; changing it needs a moment of exclusive access,
-                # hence the busy retry when several processes open a new file at once.
-                mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-                conn.execute("BEGIN IMMEDIATE")
-                for statement in self.table.schema():
-                    conn.execute(statement)
-                conn.execute("COMMIT")
-                break
-            except sqlite3.OperationalError as exc:
-                _rollback(conn)
-                if not _is_busy(exc) or job.cancelled or monotonic() >= job.deadline:
-                    raise
+        def run() -> str:
+            # WAL: readers (polls, status) never block the writer and vice versa.  It is
+            # persistent in the file; changing it needs a moment of exclusive access, hence
+            # the busy retry when several processes open a new file at once.
+            mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in self.table.schema():
+                conn.execute(statement)
+            conn.execute("COMMIT")
+            return mode.lower()
+
+        mode = _while_busy(conn, job, run)
         st = os.stat(self.path)
-        return mode.lower(), (st.st_dev, st.st_ino)
+        return mode, (st.st_dev, st.st_ino)
 
     async def open(self, on_lost: LostCallback) -> None:
         if self._conn is not None:
             return
         with self._translate("open"):
-            conn = await anyio.to_thread.run_sync(self._connect)
-        self._conn = conn
+            self._conn = await anyio.to_thread.run_sync(self._connect)
         self._gate = anyio.Lock()
         mode, file_id = await self._call(self._setup, "open")
         if mode != "wal":
@@ -415,13 +359,12 @@ class SQLiteBackend(Backend):
                 self.describe(),
                 mode,
             )
-        self._board = _join_board(file_id)
-        self._board_key = (asyncio.get_running_loop(), file_id)
+        self._shared = SharedBoard.join(("sqlite", file_id))
 
     async def aclose(self) -> None:
-        if self._board_key is not None:
-            _leave_board(*self._board_key)
-            self._board_key = None
+        if self._shared is not None:
+            self._shared.leave()
+            self._shared = None
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -438,16 +381,15 @@ class SQLiteBackend(Backend):
     @property
     def board(self) -> WakeupBoard | None:
         """The local waiters of this database file (shared by this loop's backends)."""
-        return self._board
+        return self._shared.board if self._shared is not None else None
 
     def board_key(self, name: str) -> str:
-        """The key of ``name`` on :attr:`board`."""
-        # The namespace cannot contain NUL, so this is unambiguous.
+        """The key of ``name`` on :attr:`board` (a namespace has no NUL: unambiguous)."""
         return f"{self.config.namespace}\0{name}"
 
     def _wake_one(self, name: str) -> None:
-        if self._board is not None:
-            self._board.wake_one(self.board_key(name))
+        if self._shared is not None:
+            self._shared.board.wake_one(self.board_key(name))
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self._waiter(request)
@@ -455,33 +397,25 @@ class SQLiteBackend(Backend):
     @contextlib.asynccontextmanager
     async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
         backoff = Backoff(first=self.poll_min, cap=self.poll_max)
-        board = self._board or WakeupBoard()
+        board = self.board or WakeupBoard()
         async with BoardWaiter.context(board, self.board_key(request.name), backoff) as w:
             yield w
 
     # -- the protocol ---------------------------------------------------------------------
 
-    def _attempt(self, request: Request) -> Callable[[sqlite3.Connection, _Job], Granted | Busy]:
-        probe = _transaction(lambda: self.table.probe(request.name, request.owner), write=False)
-        attempt = _transaction(
-            lambda: self.table.attempt(request.name, request.owner, request.ttl), write=True
-        )
-
-        def body(conn: sqlite3.Connection, job: _Job) -> Granted | Busy:
-            # A read first: a poll that finds a live holder costs no write lock.
-            busy = probe(conn, job)
-            if busy is not None:
-                return busy
-            return attempt(conn, job)
-
-        return body
-
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         started = monotonic()
-        outcome = await self._call(self._attempt(request), "acquire")
+        name, owner = request.name, request.owner
+        outcome: Granted | Busy = await self._call(
+            _read_first(
+                lambda: self.table.probe(name, owner),
+                lambda: self.table.attempt(name, owner, request.ttl),
+            ),
+            "acquire",
+        )
         if isinstance(outcome, Busy):
             return outcome
-        return Grant(request.name, request.owner, outcome.token, started + request.ttl)
+        return Grant(name, owner, outcome.token, started + request.ttl)
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
@@ -495,31 +429,29 @@ class SQLiteBackend(Backend):
         released = await self._write(
             lambda: self.table.release(grant.name, grant.owner, grant.token), "release"
         )
-        # Wake a local waiter even if the row had expired: the name is free now.
-        self._wake_one(grant.name)
+        self._wake_one(grant.name)  # even if the row had expired: the name is free now
         return released
 
-    def _abandon(self, request: Request) -> Callable[[sqlite3.Connection, _Job], bool]:
-        owns = _transaction(lambda: self.table.owns(request.name, request.owner), write=False)
-        abandon = _transaction(lambda: self.table.abandon(request.name, request.owner), write=True)
-
-        def body(conn: sqlite3.Connection, job: _Job) -> bool:
-            # NOTE: the interrupted call ran (or never started) before this job: it held
-            # _thread_lock.  A read first, so that an attempt that had not been granted
-            # costs no write lock (a cancelled waiter on a busy database leaves at once).
-            return owns(conn, job) and abandon(conn, job)
-
-        return body
-
     async def abandon(self, request: Request) -> None:
-        if await self._call(self._abandon(request), "abandon"):
-            self._wake_one(request.name)
+        # NOTE: the interrupted call ran (or never started) before this job: it held
+        # _thread_lock.  The read first lets an attempt that was not granted leave at once,
+        # even while the database is busy.
+        name, owner = request.name, request.owner
+        deleted = await self._call(
+            _read_first(
+                lambda: self.table.left_nothing(name, owner),
+                lambda: self.table.abandon(name, owner),
+            ),
+            "abandon",
+        )
+        if deleted:
+            self._wake_one(name)
 
     async def status(self, name: str) -> LockStatus | None:
-        held = await self._read(lambda: self.table.status(name), "status")
-        if held is None:
-            return None
-        return LockStatus(name, held.owner, held.token, held.expires_in)
+        held = await self._call(
+            _transaction(lambda: self.table.status(name), write=False), "status"
+        )
+        return None if held is None else LockStatus(name, held.owner, held.token, held.expires_in)
 
     async def force_release(self, name: str) -> bool:
         released = await self._write(lambda: self.table.force_release(name), "force_release")

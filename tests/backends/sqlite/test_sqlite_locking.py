@@ -417,13 +417,15 @@ async def test_the_board_is_shared_per_file_and_dropped_on_close(
     c = backend_of(await make_client(f"sqlite:///{tmp_path}/other.db"))
     assert a.board is b.board
     assert a.board is not c.board
-    boards = sqlite_backend._BOARDS[asyncio.get_running_loop()]
-    assert len(boards) >= 2
-    keys = set(boards)
+    board = a.board
     await a.aclose()
+    assert b.board is board  # b still uses it
     await b.aclose()
     await c.aclose()
-    assert not keys & set(sqlite_backend._BOARDS.get(asyncio.get_running_loop(), {}))
+    # the last backend of the file left: the next one starts a new board (none was kept)
+    d = backend_of(await make_client())
+    assert d.board is not None
+    assert d.board is not board
 
 
 # -- cancellation --------------------------------------------------------------------------
