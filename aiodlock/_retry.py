@@ -1,23 +1,11 @@
 """Layer 2: trying an attempt again after transient failures, and clean-up that must happen.
 
-* :func:`retrying` runs a whole attempt and runs it again while it fails with a transient
-  :class:`~aiodlock.BackendError`: after capped, jittered pauses, or, given ``wait_ready``,
-  as soon as the backend can be asked again (a session reconnected); until a deadline, a
-  time limit or a number of tries, then it raises the last error.  kazoo's ``KazooRetry``
-  around a whole attempt is the model.  A backend marks errors transient when it
-  translates them (``translating(..., transient=...)``); it does not loop.
-* :class:`Pauses`: those pauses (capped exponential backoff with full jitter, bounded by a
-  deadline and a limit), for a caller that sleeps its own way (the core's waiting loop
-  sleeps on its waiter, so that a release still wakes it).
-* :class:`Guaranteed`: clean-up that must happen eventually (delete my node or row once
-  the server answers again), like Curator's ``delete().guaranteed()``.  An action is run
-  now; if it fails, it is kept and one background task runs it again, after pauses or
-  when told that the server is back (:meth:`Guaranteed.kick`), until it succeeds (an
-  action that finds nothing left to do, e.g. its session gone, simply returns) or the
-  owner closes it.
-
-Nothing here is module-level state: a backend makes its own :class:`Guaranteed` in
-``open()`` and closes it in ``aclose()``.
+:func:`retrying` wraps a whole attempt (kazoo's ``KazooRetry`` is the model), :class:`Pauses`
+gives its capped, jittered pauses to a caller that sleeps its own way, and
+:class:`Guaranteed` keeps clean-up that must happen eventually (Curator's
+``delete().guaranteed()``).  A backend marks errors transient when it translates them; it
+does not loop.  Nothing here is module-level state: a backend makes its own
+:class:`Guaranteed` in ``open()`` and closes it in ``aclose()``.
 """
 
 from __future__ import annotations
@@ -166,7 +154,6 @@ class Guaranteed:
         self._closed = False
 
     def __len__(self) -> int:
-        """How many actions are kept for the background."""
         return len(self._pending)
 
     def __contains__(self, key: Hashable) -> bool:
