@@ -90,16 +90,12 @@ def _common_config(options: dict[str, Any]) -> CommonConfig:
             f"option 'namespace' must be 1-64 characters of letters, digits and _ . : -, "
             f"got {namespace!r}"
         )
-    watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, allow_zero=False)
+    watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, minimum=0.03)
     connect_timeout = take_float(options, "connect_timeout", 5.0, allow_zero=False)
     op_timeout = take_float(options, "op_timeout", 5.0, allow_zero=False)
     assert watchdog_ttl is not None
     assert connect_timeout is not None
     assert op_timeout is not None
-    if watchdog_ttl < 0.03:
-        raise ConfigurationError(
-            f"option 'watchdog_ttl' must be at least 0.03 s, got {watchdog_ttl}"
-        )
     return CommonConfig(namespace, watchdog_ttl, connect_timeout, op_timeout)
 
 
@@ -167,8 +163,6 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
 
-    # -- introspection -----------------------------------------------------------------
-
     @property
     def backend(self) -> Backend:
         """The backend object (for advanced use and tests)."""
@@ -184,8 +178,6 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<aiodlock.Client id={self.id!r} {self._backend.describe()} {self._state}>"
-
-    # -- lifecycle -----------------------------------------------------------------------
 
     async def open(self) -> None:
         """Connect (idempotent).  Raises :class:`BackendError` if the server is unreachable."""
@@ -286,19 +278,25 @@ class Client:
                     await asyncio.sleep(0)
                 task.uncancel()
             if grant is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                    try:
-                        await self._backend.release(grant)
-                    except Exception:
-                        log.warning(
-                            "aiodlock: giving back %r at close failed; unless the server did "
-                            "it, the lock stays held until its lease ends",
-                            name,
-                            exc_info=True,
-                        )
+                await self._release_shielded(grant, "giving back at close")
         finally:
             self._acquiring.discard(task)
         raise LockError(f"the client was closed while acquiring {name!r}")
+
+    async def _release_shielded(self, grant: Grant, what: str) -> None:
+        """Release ``grant`` shielded from cancellation, bounded by op_timeout."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+            try:
+                await self._backend.release(grant)
+            except Exception:
+                # (the server may have done it: a reply lost, a timeout)
+                log.warning(
+                    "aiodlock: %s %r failed; unless the server did it, the lock stays held "
+                    "until its lease ends",
+                    what,
+                    grant.name,
+                    exc_info=True,
+                )
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
@@ -347,16 +345,12 @@ class Client:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- observers -----------------------------------------------------------------------
-
     def add_observer(self, observer: Observer) -> None:
         """Send lock events (acquired, released, lost, timeout) to ``observer``."""
         self._observers.append(observer)
 
     def remove_observer(self, observer: Observer) -> None:
         self._observers.remove(observer)
-
-    # -- locks ---------------------------------------------------------------------------
 
     def lock(
         self,
@@ -419,8 +413,6 @@ class Client:
                 f"the {self._backend.backend_name} backend cannot grant locks in request "
                 f"order (fair=True)"
             )
-
-    # -- the policy: owner identity, reentrancy, acquire, release ---------------------------
 
     def current_owner(self, key: str | None = None) -> str:
         """The owner string of ``owner=key``, or else of the calling asyncio task."""
@@ -659,11 +651,7 @@ class Client:
             except BaseException:
                 # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
                 # shielded and bounded, then let the cancellation go on.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                    try:
-                        await self._backend.release(hold.grant)
-                    except Exception:
-                        log.warning("aiodlock: releasing %r failed", hold.name, exc_info=True)
+                await self._release_shielded(hold.grant, "releasing")
                 raise
             if error is not None:
                 # (the server may have done it: a reply lost, a timeout)
@@ -706,8 +694,6 @@ class Client:
         if self._backend.capabilities & Capability.SESSION_LEASE and not hold.fixed_ttl:
             expires_at = None  # the session is the lease: it has no end to move
         self._watchdog.renewed(hold, expires_at)
-
-    # -- lost leases -------------------------------------------------------------------------
 
     def _on_backend_lost(self, grants: Any, reason: str) -> None:
         for grant in grants:
