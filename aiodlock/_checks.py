@@ -39,9 +39,7 @@ def check_seconds(what: str, value: object, *, allow_none: bool, positive: bool)
         bound = "greater than 0" if positive else "0 or more"
         raise ConfigurationError(f"{what} must be {bound}, got {value!r}")
     if math.isinf(number):
-        if allow_none and not positive:
-            return None  # timeout=inf means wait forever
-        raise ConfigurationError(f"{what} must be finite, got {value!r}")
+        raise ConfigurationError(f"{what} must be finite (None: no limit), got {value!r}")
     if number > MAX_SECONDS:
         raise ConfigurationError(
             f"{what} must be at most one year ({MAX_SECONDS:.0f} s), got {value!r}"

@@ -1,10 +1,5 @@
-"""``connect()`` and :class:`Client`: backend lifecycle, owner identity, the table of holds.
-
-Everything the library keeps hangs off a Client: the backend, the holds of its tasks, the
-single watchdog task and the observers.  The locking policy (reentrancy, deadlines,
-lost-lease handling, cancellation) lives here and in ``_lock.py``; backends only speak
-their protocol (``backends/_base.py``).
-"""
+"""``connect()`` and :class:`Client`: the backend's life, owners, the table of holds, and the
+policy (reentrancy, deadlines, lost leases, cancellation); backends only speak their protocol."""
 
 from __future__ import annotations
 
@@ -67,12 +62,10 @@ def default_url() -> str:
 
 
 def connect(url: str | None = None, **options: Any) -> Client:
-    """Make a :class:`Client` for ``url`` (no I/O yet).
+    """Make a :class:`Client` for ``url`` (no I/O yet; ``None``: :func:`default_url`).
 
-    ``url=None`` reads ``AIODLOCK_URL``, else uses the embedded default (a SQLite file in the
-    user cache dir shared by every process of this host).  Options are keyword arguments or
-    URL query parameters; keyword arguments win.  A bad URL or option raises
-    :class:`ConfigurationError` naming it.
+    Options are keyword arguments or URL query parameters (keyword arguments win).  A bad URL
+    or option raises :class:`ConfigurationError` naming it.
     """
     if url is None:
         url = default_url()
@@ -97,16 +90,12 @@ def _common_config(options: dict[str, Any]) -> CommonConfig:
             f"option 'namespace' must be 1-64 characters of letters, digits and _ . : -, "
             f"got {namespace!r}"
         )
-    watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, allow_zero=False)
+    watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, minimum=0.03)
     connect_timeout = take_float(options, "connect_timeout", 5.0, allow_zero=False)
     op_timeout = take_float(options, "op_timeout", 5.0, allow_zero=False)
     assert watchdog_ttl is not None
     assert connect_timeout is not None
     assert op_timeout is not None
-    if watchdog_ttl < 0.03:
-        raise ConfigurationError(
-            f"option 'watchdog_ttl' must be at least 0.03 s, got {watchdog_ttl}"
-        )
     return CommonConfig(namespace, watchdog_ttl, connect_timeout, op_timeout)
 
 
@@ -122,14 +111,13 @@ def _drop(table: dict[Any, Any], key: object) -> None:
 class Client:
     """A connection to one lock service.  Make it with :func:`aiodlock.connect`.
 
-    Use it as ``async with client: ...`` or call :meth:`open` / :meth:`close`; a client that
-    is used before it is opened opens itself.
+    Use it as ``async with client: ...`` or call :meth:`open` / :meth:`close`; a new client
+    used before it is opened opens itself.  It belongs to the event loop that opened it.
     """
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._config = backend.config
-        # The backend keeps Backend.acquire (the shared try-then-wait loop)?
         self._default_acquire = type(backend).acquire is Backend.acquire
         #: This client's waiting owners: hand-offs between its tasks (see _local).
         self._local = LocalWaiters(
@@ -137,7 +125,8 @@ class Client:
             window=min(0.1, self._config.op_timeout),
             patience=self._config.op_timeout * 2,
         )
-        #: A unique string per client instance; owners are ``f"{id}:{n}"``.
+        #: A unique string per client instance; owners are ``f"{id}:{n}"`` (a task) and
+        #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
         #: owner -> how many of ``_holds`` are its
@@ -149,6 +138,10 @@ class Client:
         # (drops the entry of a freed task; refers to the dict only, not to the client)
         self._owner_gone = functools.partial(_drop, self._owners)
         self._owner_seq = 0
+        #: (name, owner) -> done when that ``owner=`` key's acquire in flight ends.
+        self._claims: dict[tuple[str, str], asyncio.Future[None]] = {}
+        #: The loop that opened the client (None while it is not open).
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Closed: the tasks' end callbacks were removed (see _watch_tasks).
         self._unwatched = False
         self._state: Literal["new", "open", "closing", "closed"] = "new"
@@ -170,8 +163,6 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
 
-    # -- introspection -----------------------------------------------------------------
-
     @property
     def backend(self) -> Backend:
         """The backend object (for advanced use and tests)."""
@@ -188,10 +179,9 @@ class Client:
     def __repr__(self) -> str:
         return f"<aiodlock.Client id={self.id!r} {self._backend.describe()} {self._state}>"
 
-    # -- lifecycle -----------------------------------------------------------------------
-
     async def open(self) -> None:
         """Connect (idempotent).  Raises :class:`BackendError` if the server is unreachable."""
+        self._here()
         if self._state == "open":
             return
         if self._state == "closing":
@@ -217,6 +207,7 @@ class Client:
                     ) from exc
                 raise
             self._state = "open"
+            self._loop = asyncio.get_running_loop()
             if self._unwatched:
                 self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._watchdog.start()
@@ -230,6 +221,7 @@ class Client:
         client is left on the server.  A closed client refuses new acquisitions until
         :meth:`open` is called again.
         """
+        self._here()
         if self._state != "open":
             return
         self._state = "closing"
@@ -261,6 +253,7 @@ class Client:
                 log.warning("aiodlock: closing the backend failed", exc_info=True)
             finally:
                 self._state = "closed"
+                self._loop = self._open_lock = None
 
     async def _end_acquires(self) -> None:
         """Cancel every acquire in flight (it raises LockError) and wait until each has
@@ -285,19 +278,25 @@ class Client:
                     await asyncio.sleep(0)
                 task.uncancel()
             if grant is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                    try:
-                        await self._backend.release(grant)
-                    except Exception:
-                        log.warning(
-                            "aiodlock: giving back %r at close failed; it stays locked until "
-                            "its lease ends",
-                            name,
-                            exc_info=True,
-                        )
+                await self._release_shielded(grant, "giving back at close")
         finally:
             self._acquiring.discard(task)
         raise LockError(f"the client was closed while acquiring {name!r}")
+
+    async def _release_shielded(self, grant: Grant, what: str) -> None:
+        """Release ``grant`` shielded from cancellation, bounded by op_timeout."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+            try:
+                await self._backend.release(grant)
+            except Exception:
+                # (the server may have done it: a reply lost, a timeout)
+                log.warning(
+                    "aiodlock: %s %r failed; unless the server did it, the lock stays held "
+                    "until its lease ends",
+                    what,
+                    grant.name,
+                    exc_info=True,
+                )
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
@@ -317,7 +316,17 @@ class Client:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    def _here(self) -> None:
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise LockError(
+                "this client was opened in another event loop (a second asyncio.run(), or a "
+                "fixture's loop that is not the test's) and belongs to that loop: open a "
+                "client in the loop that uses it, or run the coroutine in the client's loop "
+                "(asyncio.run_coroutine_threadsafe)"
+            )
+
     async def _ensure_open(self) -> None:
+        self._here()
         if self._state != "open":
             if self._state != "new":
                 raise LockError(f"the client is {self._state}: call open() to use it again")
@@ -336,16 +345,12 @@ class Client:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- observers -----------------------------------------------------------------------
-
     def add_observer(self, observer: Observer) -> None:
         """Send lock events (acquired, released, lost, timeout) to ``observer``."""
         self._observers.append(observer)
 
     def remove_observer(self, observer: Observer) -> None:
         self._observers.remove(observer)
-
-    # -- locks ---------------------------------------------------------------------------
 
     def lock(
         self,
@@ -355,11 +360,12 @@ class Client:
         timeout: float | None = None,
         fair: bool = False,
         on_lost: OnLost = "cancel",
+        owner: str | None = None,
     ) -> Lock:
         """A handle on the lock ``name`` (no I/O).  See :class:`aiodlock.Lock`."""
         from ._lock import Lock
 
-        return Lock(self, name, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        return Lock(self, name, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost, owner=owner)
 
     def locked(
         self,
@@ -408,10 +414,10 @@ class Client:
                 f"order (fair=True)"
             )
 
-    # -- the policy: owner identity, reentrancy, acquire, release ---------------------------
-
-    def current_owner(self) -> str:
-        """The owner string of the calling asyncio task in this client."""
+    def current_owner(self, key: str | None = None) -> str:
+        """The owner string of ``owner=key``, or else of the calling asyncio task."""
+        if key is not None:
+            return f"{self.id}/{key}"
         task = asyncio.current_task()
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
@@ -428,14 +434,14 @@ class Client:
                 task.add_done_callback(self._task_ended)
         return owner
 
-    def current_hold(self, name: str) -> Hold | None:
-        task = asyncio.current_task()
-        if task is None:
-            return None
-        owner = self._owners.get(weakref.ref(task))
-        if owner is None:
-            return None
-        hold = self._holds.get((name, owner))
+    def current_hold(self, name: str, key: str | None = None) -> Hold | None:
+        """The holding of ``name`` by ``owner=key``, or else by the calling task."""
+        if key is not None:
+            owner: str | None = f"{self.id}/{key}"
+        else:
+            task = asyncio.current_task()
+            owner = None if task is None else self._owners.get(weakref.ref(task))
+        hold = None if owner is None else self._holds.get((name, owner))
         return hold if hold is not None and not hold.released else None
 
     async def acquire(
@@ -446,22 +452,32 @@ class Client:
         timeout: float | None,
         fair: bool,
         on_lost: OnLost,
+        key: str | None = None,
     ) -> Lease:
+        self._here()
         task = asyncio.current_task()
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
-        owner = self._owner_of(task)
-        hold = self._holds.get((name, owner))
-        if hold is not None and not hold.released:
-            if hold.lost:
-                raise LockLost(
-                    f"lock {name!r} was lost ({hold.lost_reason}); release it before "
-                    f"acquiring it again"
-                )
-            hold.count += 1  # reentrant: no round trip
-            return hold.lease
+        owner = self._owner_of(task) if key is None else f"{self.id}/{key}"
+        while True:
+            hold = self._holds.get((name, owner))
+            if hold is not None and not hold.released:
+                if hold.lost:
+                    raise LockLost(
+                        f"lock {name!r} was lost ({hold.lost_reason}); release it before "
+                        f"acquiring it again"
+                    )
+                hold.count += 1  # reentrant: no round trip
+                return hold.lease
+            claim = self._claims.get((name, owner)) if key is not None else None
+            if claim is None:
+                break
+            # Another task of this owner key is acquiring: its hold is ours too, once it has it.
+            await asyncio.wait([claim])
         if self._state != "open":
             await self._ensure_open()
+        if key is not None:
+            self._claims[(name, owner)] = asyncio.get_running_loop().create_future()
         backend = self._backend
         lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
         request = Request(name, owner, lease_ttl, fair)
@@ -473,19 +489,17 @@ class Client:
                 # Backend.acquire() is the shared loop: make its first attempt here (one
                 # coroutine less per uncontended acquire), the loop only if it was busy.
                 local = self._local
-                if local.reservations and not fair and (deadline is None or deadline > started):
-                    barred = local.reservations.bar(name, False)
+                will_wait = deadline is None or deadline > started
+                barred = None
+                if local.reservations and not fair and will_wait:
                     # NOTE: a release of this client woke one of its waiters: do not barge
                     # past it (the releasing task asking again at once, typically).
-                    first: Grant | Busy = (
-                        Busy(barred)
-                        if barred is not None
-                        else await backend.try_acquire(request, will_wait=True)
-                    )
-                else:
-                    first = await backend.try_acquire(
-                        request, will_wait=deadline is None or deadline > started
-                    )
+                    barred = local.reservations.bar(name, False)
+                first = (
+                    Busy(barred)
+                    if barred is not None
+                    else await backend.try_acquire(request, will_wait=will_wait)
+                )
                 if isinstance(first, Grant):
                     grant: Grant | None = first
                 else:
@@ -502,16 +516,19 @@ class Client:
                 if task.uncancel() == 0:  # (no other cancellation pending: ours only)
                     raise LockError(f"the client was closed while acquiring {name!r}") from None
             raise
+        finally:
+            if key is not None:
+                # (its other tasks wake at the next loop turn: the hold is registered by then)
+                self._claims.pop((name, owner)).set_result(None)
         if self._state != "open":
             await self._give_back(task, grant, name)
         self._acquiring.discard(task)
         if grant is None:
-            waited = monotonic() - started
-            notify(self._observers, "on_timeout", name, owner, waited)
+            notify(self._observers, "on_timeout", name, owner, monotonic() - started)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
-        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, task, fair)
+        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, fair)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
@@ -566,16 +583,22 @@ class Client:
                 del self._holding[hold.owner]
         self._watchdog.untrack(hold)
 
-    def release(self, name: str) -> Awaitable[None]:
-        """One release of ``name`` by the calling task (what to await: one coroutine less
-        per release; LockNotOwned is raised at once)."""
-        hold = self.current_hold(name)
+    def _held(self, name: str, key: str | None) -> Hold:
+        self._here()
+        hold = self.current_hold(name, key)
         if hold is None:
-            raise LockNotOwned(f"lock {name!r} is not held by this task")
-        return self.release_hold(hold)
+            by = "this task" if key is None else f"owner {key!r}"
+            raise LockNotOwned(f"lock {name!r} is not held by {by}")
+        return hold
+
+    def release(self, name: str, key: str | None = None) -> Awaitable[None]:
+        """One release of ``name`` by ``owner=key``, or else by the calling task (what to
+        await: one coroutine less per release; LockNotOwned is raised at once)."""
+        return self.release_hold(self._held(name, key))
 
     async def release_hold(self, hold: Hold) -> None:
-        """One release of ``hold`` by its own task."""
+        """One release of ``hold`` by its owner."""
+        self._here()
         name = hold.name
         hold.count -= 1
         if hold.count > 0:
@@ -628,15 +651,13 @@ class Client:
             except BaseException:
                 # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
                 # shielded and bounded, then let the cancellation go on.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                    try:
-                        await self._backend.release(hold.grant)
-                    except Exception:
-                        log.warning("aiodlock: releasing %r failed", hold.name, exc_info=True)
+                await self._release_shielded(hold.grant, "releasing")
                 raise
             if error is not None:
+                # (the server may have done it: a reply lost, a timeout)
                 log.warning(
-                    "aiodlock: releasing %r failed (%s); it stays locked until its lease ends",
+                    "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
+                    "stays held until its lease ends",
                     hold.name,
                     error,
                 )
@@ -654,10 +675,8 @@ class Client:
             if hold.released:
                 hold.end()  # the holding is over: break the cycle
 
-    async def extend(self, name: str, ttl: float | None) -> None:
-        hold = self.current_hold(name)
-        if hold is None:
-            raise LockNotOwned(f"lock {name!r} is not held by this task")
+    async def extend(self, name: str, ttl: float | None, key: str | None = None) -> None:
+        hold = self._held(name, key)
         if hold.lost:
             raise LockLost(f"lock {name!r} was lost: {hold.lost_reason}")
         if ttl is not None:
@@ -675,8 +694,6 @@ class Client:
         if self._backend.capabilities & Capability.SESSION_LEASE and not hold.fixed_ttl:
             expires_at = None  # the session is the lease: it has no end to move
         self._watchdog.renewed(hold, expires_at)
-
-    # -- lost leases -------------------------------------------------------------------------
 
     def _on_backend_lost(self, grants: Any, reason: str) -> None:
         for grant in grants:

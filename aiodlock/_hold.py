@@ -7,6 +7,7 @@ holds, the watchdog and the :class:`~aiodlock.Lease` handed to the caller all re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -26,68 +27,39 @@ def check_on_lost(on_lost: object) -> OnLost:
     raise ConfigurationError(f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}")
 
 
+@dataclasses.dataclass(slots=True, eq=False, weakref_slot=True)
 class Hold:
     """One owner's holding of one name in this client (shared by reentrant acquires)."""
 
-    __slots__ = (
-        "__weakref__",
-        "acquired_at",
-        "count",
-        "entries",
-        "expires_at",
-        "fair",
-        "fixed_ttl",
-        "generation",
-        "grant",
-        "last_error",
-        "lease",
-        "lost",
-        "lost_event",
-        "lost_reason",
-        "name",
-        "on_lost",
-        "owner",
-        "released",
-        "renew_at",
-        "renewing",
-        "server_released",
-        "task",
-        "ttl",
-    )
+    grant: Grant
+    ttl: float
+    fixed_ttl: bool
+    on_lost: OnLost
+    #: Taken in request order (a fair lock is never handed over locally).
+    fair: bool = False
+    name: str = dataclasses.field(init=False)
+    owner: str = dataclasses.field(init=False)
+    expires_at: float | None = dataclasses.field(init=False)
+    lease: Lease = dataclasses.field(init=False)
+    acquired_at: float = dataclasses.field(init=False, default_factory=monotonic)
+    count: int = 1
+    renew_at: float | None = None
+    renewing: bool = False
+    generation: int = 0
+    released: bool = False
+    server_released: bool = False
+    lost: bool = False
+    lost_event: asyncio.Event | None = None  # made when somebody waits for a loss
+    lost_reason: str | None = None
+    last_error: str | None = None
+    #: One per ``async with`` level (outermost first); see Lock.__aenter__.
+    entries: list[BodyEntry] = dataclasses.field(default_factory=list)
 
-    def __init__(
-        self,
-        grant: Grant,
-        ttl: float,
-        fixed_ttl: bool,
-        on_lost: OnLost,
-        task: asyncio.Task[Any],
-        fair: bool = False,
-    ) -> None:
-        self.name = grant.name
-        self.owner = grant.owner
-        self.grant = grant
-        self.ttl = ttl
-        self.fixed_ttl = fixed_ttl
-        #: Taken in request order (a fair lock is never handed over locally).
-        self.fair = fair
-        self.on_lost = on_lost
-        self.task = task
-        self.count = 1
-        self.expires_at = grant.expires_at
-        self.acquired_at = monotonic()
-        self.renew_at: float | None = None
-        self.renewing = False
-        self.generation = 0
-        self.released = False
-        self.server_released = False
-        self.lost = False
-        self.lost_event: asyncio.Event | None = None  # made when somebody waits for a loss
-        self.lost_reason: str | None = None
-        self.last_error: str | None = None
-        #: One per ``async with`` level (outermost first); see Lock.__aenter__.
-        self.entries: list[BodyEntry] = []
-        self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl if fixed_ttl else None)
+    def __post_init__(self) -> None:
+        grant = self.grant
+        self.name, self.owner, self.expires_at = grant.name, grant.owner, grant.expires_at
+        ttl = self.ttl if self.fixed_ttl else None
+        self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl)
 
     def end(self) -> None:
         """The holding is over: its lease reads a copy of the final state from now on (the

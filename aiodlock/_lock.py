@@ -1,8 +1,6 @@
-"""``Lock``: the handle users hold.  A handle is only a name plus options.
-
-One handle may be shared by several tasks: each task is its own owner.  Two handles for the
-same name used by one task are the same owner (reentrant).
-"""
+"""``Lock``: the handle users hold, only a name plus options.  One handle may be shared by
+several tasks, each its own owner (unless ``owner=`` names one); two handles for the same name
+used by one task are the same owner (reentrant)."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ class Lock:
     (``on_lost="cancel"``, the default).
     """
 
-    __slots__ = ("_client", "_entries", "fair", "name", "on_lost", "timeout", "ttl")
+    __slots__ = ("_client", "_entries", "fair", "name", "on_lost", "owner", "timeout", "ttl")
 
     def __init__(
         self,
@@ -44,6 +42,7 @@ class Lock:
         timeout: float | None = None,
         fair: bool = False,
         on_lost: OnLost = "cancel",
+        owner: str | None = None,
     ) -> None:
         self._client = client
         self._entries: dict[asyncio.Task[Any], list[tuple[Hold, BodyEntry]]] = {}
@@ -55,6 +54,10 @@ class Lock:
         client.check_fair(fair)
         self.fair = fair
         self.on_lost = check_on_lost(on_lost)
+        if owner is not None and not (isinstance(owner, str) and 0 < len(owner) <= 256):
+            raise ConfigurationError(f"owner must be a str of 1-256 characters, got {owner!r:.80}")
+        #: The owner key: the hold belongs to the client and this key instead of a task.
+        self.owner = owner
 
     @property
     def client(self) -> Client:
@@ -66,13 +69,15 @@ class Lock:
             opts.append(f"ttl={self.ttl:g}")
         if self.fair:
             opts.append("fair")
+        if self.owner is not None:
+            opts.append(f"owner={self.owner!r}")
         return f"<aiodlock.Lock {self.name!r}{' ' if opts else ''}{' '.join(opts)}>"
 
     async def acquire(self, timeout: float | None = _UNSET) -> Lease:
         """Wait until acquired and return the lease; :class:`LockTimeout` after ``timeout``.
 
         ``timeout`` defaults to the lock's; ``None`` waits forever; ``0`` is one attempt.
-        A task that already holds the lock gets the same lease back (no round trip) and
+        An owner that already holds the lock gets the same lease back (no round trip) and
         must release once more.
         """
         if timeout is _UNSET:
@@ -80,7 +85,12 @@ class Lock:
         else:
             timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
         return await self._client.acquire(
-            self.name, ttl=self.ttl, timeout=timeout, fair=self.fair, on_lost=self.on_lost
+            self.name,
+            ttl=self.ttl,
+            timeout=timeout,
+            fair=self.fair,
+            on_lost=self.on_lost,
+            key=self.owner,
         )
 
     async def try_acquire(self) -> Lease | None:
@@ -91,12 +101,12 @@ class Lock:
             return None
 
     async def release(self) -> None:
-        """Release one acquire of the current task.
+        """Release one acquire of this lock's owner (the current task, or ``owner=``).
 
-        Raises :class:`~aiodlock.LockNotOwned` if this task does not hold the lock, and
+        Raises :class:`~aiodlock.LockNotOwned` if the owner does not hold the lock, and
         :class:`~aiodlock.LockLost` (with ``on_lost="cancel"``) if the lease had been lost.
         """
-        await self._client.release(self.name)
+        await self._client.release(self.name, self.owner)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Renew the lease now (for ``ttl`` seconds if given, else its own length).
@@ -104,18 +114,18 @@ class Lock:
         Raises :class:`~aiodlock.LockLost` if the lease is gone.
         """
         ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
-        await self._client.extend(self.name, ttl)
+        await self._client.extend(self.name, ttl, self.owner)
 
     @property
     def held(self) -> bool:
-        """Does the current task hold this lock (and the lease is not known to be lost)?"""
-        hold = self._client.current_hold(self.name)
+        """Does the owner (the current task, or ``owner=``) hold it, not known to be lost?"""
+        hold = self._client.current_hold(self.name, self.owner)
         return hold is not None and not hold.lost
 
     @property
     def lease(self) -> Lease | None:
-        """The current task's lease on this lock, if it holds it."""
-        hold = self._client.current_hold(self.name)
+        """The owner's lease on this lock, if it holds it."""
+        hold = self._client.current_hold(self.name, self.owner)
         return None if hold is None else hold.lease
 
     async def status(self) -> LockStatus | None:

@@ -1,16 +1,10 @@
 """One watchdog per client: renews every watchdog-mode lease and notices lost ones.
 
-It keeps two heaps instead of one sleeping task per lock:
-
-* renewals: a lease taken with ``ttl=None`` is renewed every ``watchdog_ttl / 3``; when one
-  renewal is due, every other renewal due within the next ``slack`` seconds joins the same
-  batch, so thousands of leases are renewed with a few pipelined round trips;
-* expiries: when a lease's guaranteed validity ends while it is still held (a fixed ``ttl``
-  ran out, or renewals kept failing), the lease is lost.
-
-A renewal batch runs in its own task so a slow server never delays expiry detection.  A
-renewal that fails with a :class:`~aiodlock.BackendError` is retried until the lease's
-validity ends; a renewal the server answers with "not yours" loses the lease at once.
+Two heaps instead of one sleeping task per lock: renewals (every ``watchdog_ttl / 3``; those
+due within a tenth of that join one batch, a few pipelined round trips for thousands of
+leases) and expiries (a lease whose validity ends while held is lost).  A batch runs in its
+own task, so a slow server never delays expiry detection; a renewal that fails is retried
+until the lease's validity ends, one the server answers with "not yours" loses the lease.
 """
 
 from __future__ import annotations
@@ -65,7 +59,6 @@ class Watchdog:
         self._seq = itertools.count()
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._in_flight = 0
         self._session_bound = bool(backend.capabilities & Capability.SESSION_LEASE)
         #: When the loop wakes next by itself; an earlier event needs a poke.
         self._wake_at = math.inf
@@ -81,9 +74,7 @@ class Watchdog:
 
     def start(self) -> None:
         if self._task is None:
-            self._renewals.clear()
-            self._expiries.clear()
-            self._pending.clear()
+            self._clear()
             self._poke = asyncio.Event()
             self._wake_at = math.inf
             self._task = asyncio.get_running_loop().create_task(
@@ -98,9 +89,11 @@ class Watchdog:
                 await task
             except asyncio.CancelledError:
                 pass
-        self._renewals.clear()
-        self._expiries.clear()
-        self._pending.clear()
+        self._clear()
+
+    def _clear(self) -> None:
+        for pending in (self._renewals, self._expiries, self._pending):
+            pending.clear()
 
     def _renews(self, hold: Hold) -> bool:
         return not hold.fixed_ttl and not self._session_bound
@@ -108,7 +101,7 @@ class Watchdog:
     def track(self, hold: Hold) -> None:
         """Start watching a new hold."""
         first = math.inf
-        if not hold.fixed_ttl and not self._session_bound:
+        if self._renews(hold):
             first = hold.renew_at = hold.acquired_at + self.interval
         if hold.expires_at is not None and hold.expires_at < first:
             first = hold.expires_at
@@ -179,7 +172,6 @@ class Watchdog:
             if batch:
                 for hold in batch:
                     hold.renewing = True
-                self._in_flight += 1
                 self._spawn(self._renew(batch), "renew")
             wake = self._next_wake()
             self._poke.clear()
@@ -255,7 +247,6 @@ class Watchdog:
                 else:
                     self.renewed(hold, results[i])
         finally:
-            self._in_flight -= 1
             for hold in batch:
                 hold.renewing = False
             self._poke.set()

@@ -1,114 +1,108 @@
 """``memory://[space]``: locks inside one process, for tests and single-process apps.
 
-Every client of the process that names the same space shares its locks, so clients can be
-tested against each other; different spaces are independent.  Locks are FIFO-fair: a
-release hands the lock straight to the oldest waiter (no barging), a fencing counter per
-name gives strictly increasing tokens, and a lease that is not renewed expires on time.
+Every client of the process that names the same space shares its locks, also across threads
+(each with its own event loop); different spaces are independent.  Locks are FIFO-fair: a
+release hands the lock straight to the oldest waiter (no barging), one fencing counter per
+space gives strictly increasing tokens, and a lease that is not renewed ends on time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import dataclasses
 import itertools
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Self
 
-import anyio
-
 from .._errors import ConfigurationError
-from .._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LockStatus,
-    LostCallback,
-    Request,
-    monotonic,
-)
+from .._types import Busy, Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from .._url import ParsedURL, take_bool
 from ._base import Backend
 
 __all__ = ["MemoryBackend"]
 
+Key = tuple[str, str]
+
 
 @dataclasses.dataclass(slots=True)
 class _Waiter:
     request: Request
-    future: asyncio.Future[Grant]
+    loop: asyncio.AbstractEventLoop
+    #: The doorbell: a future of the waiter's own loop (a fresh one for each sleep).
+    bell: asyncio.Future[None]
+    #: Set under the space's mutex when a release hands the name to this waiter.
+    grant: Grant | None = None
+
+    def ring(self) -> None:
+        if not self.bell.done():
+            self.bell.set_result(None)
 
 
 @dataclasses.dataclass(slots=True)
 class _Name:
     holder: Grant | None = None
     expires_at: float = math.inf
-    timer: asyncio.TimerHandle | None = None
-    queue: collections.OrderedDict[str, _Waiter] = dataclasses.field(
-        default_factory=collections.OrderedDict
-    )
+    queue: OrderedDict[str, _Waiter] = dataclasses.field(default_factory=OrderedDict)
 
 
 class _Space:
-    """The shared state of one named space."""
+    """The shared state of one named space; clients in several threads share it, so every
+    access holds ``mutex``.  No timer ends a lease (a timer is one loop's): a lease that ran
+    out ends at the next look at its name (:meth:`live`); waiters sleep no longer than it."""
 
     def __init__(self) -> None:
-        self.names: dict[tuple[str, str], _Name] = {}
-        #: The next fencing token: one counter for every name of the space (each name's
-        #: tokens increase, and no name keeps a counter of its own after it is released).
+        self.names: dict[Key, _Name] = {}
+        self.mutex = threading.Lock()
+        #: One fencing counter for every name of the space (a released name keeps nothing).
         self.tokens = itertools.count(1).__next__
 
-    def state(self, key: tuple[str, str]) -> _Name:
+    def live(self, key: Key) -> _Name | None:
         state = self.names.get(key)
-        if state is None:
-            state = self.names[key] = _Name()
+        if state is not None and state.holder is not None and monotonic() >= state.expires_at:
+            self.vacate(key, state)
+            return self.names.get(key)
         return state
 
-    def gc(self, key: tuple[str, str], state: _Name) -> None:
-        if state.holder is None and not state.queue and self.names.get(key) is state:
-            del self.names[key]
+    def held_by(self, key: Key, grant: Grant) -> _Name | None:
+        state = self.live(key)
+        return state if state and state.holder and state.holder.token == grant.token else None
 
-    def grant(self, key: tuple[str, str], state: _Name, request: Request) -> Grant:
-        token = self.tokens()
-        now = monotonic()
-        grant = Grant(request.name, request.owner, token, now + request.ttl)
-        state.holder = grant
-        self.set_expiry(key, state, grant.expires_at or math.inf)
-        return grant
+    def grant(self, state: _Name, request: Request) -> Grant:
+        state.expires_at = monotonic() + request.ttl
+        state.holder = Grant(request.name, request.owner, self.tokens(), state.expires_at)
+        return state.holder
 
-    def set_expiry(self, key: tuple[str, str], state: _Name, expires_at: float) -> None:
-        state.expires_at = expires_at
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-        if math.isfinite(expires_at):
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, expires_at - monotonic())
-            state.timer = loop.call_later(delay, self.expire, key, state)
+    def extend(self, state: _Name, ttl: float) -> float:
+        assert state.holder is not None
+        state.holder.expires_at = state.expires_at = monotonic() + ttl
+        return state.expires_at
 
-    def expire(self, key: tuple[str, str], state: _Name) -> None:
-        state.timer = None
-        if state.holder is not None and monotonic() >= state.expires_at:
-            self.vacate(key, state)
-        elif state.holder is not None:
-            self.set_expiry(key, state, state.expires_at)
-
-    def vacate(self, key: tuple[str, str], state: _Name) -> None:
-        """Free the name and hand it to the oldest live waiter (FIFO, no barging)."""
+    def vacate(self, key: Key, state: _Name) -> None:
+        """Free the name and hand it to the oldest waiter (FIFO, no barging), in its loop."""
         state.holder = None
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-        state.expires_at = math.inf
         while state.queue:
-            _, waiter = state.queue.popitem(last=False)
-            if waiter.future.done():
-                continue
-            waiter.future.set_result(self.grant(key, state, waiter.request))
-            return
-        self.gc(key, state)
+            waiter = state.queue.popitem(last=False)[1]
+            waiter.grant = self.grant(state, waiter.request)
+            with contextlib.suppress(RuntimeError):  # (a closed loop: nobody waits there)
+                if waiter.loop is asyncio.get_running_loop():
+                    waiter.ring()
+                else:
+                    waiter.loop.call_soon_threadsafe(waiter.ring)
+                return
+            state.holder = waiter.grant = None
+        del self.names[key]
+
+    def leave(self, key: Key, owner: str) -> None:
+        """``owner`` no longer waits for ``key``."""
+        state = self.names.get(key)
+        if state is not None:
+            state.queue.pop(owner, None)
+            if state.holder is None and not state.queue:
+                del self.names[key]
 
 
 # NOTE: process-wide by contract (clients of one process share a named space); this is the
@@ -135,109 +129,103 @@ class MemoryBackend(Backend):
                 "a memory URL is 'memory://' or 'memory://SPACE' (a name, no path or password)"
             )
         space = url.hosts[0][0] if url.hosts else ""
-        private = take_bool(options, "private", False)
-        return cls(space, config, bool(private))
+        return cls(space, config, bool(take_bool(options, "private", False)))
 
     def describe(self) -> str:
         return f"memory://{self.space_name}"
 
-    def _key(self, name: str) -> tuple[str, str]:
+    def _key(self, name: str) -> Key:
         return (self.config.namespace, name)
 
-    async def open(self, on_lost: LostCallback) -> None:
+    async def open(self, on_lost: object) -> None:
         return None
 
     async def aclose(self) -> None:
         return None
 
-    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        key = self._key(request.name)
-        state = self._space.state(key)
+    def _attempt(self, key: Key, request: Request) -> Grant | Busy:
+        space = self._space
+        state = space.live(key) or space.names.setdefault(key, _Name())
         holder = state.holder
         if holder is not None and holder.owner == request.owner:
-            self._space.set_expiry(key, state, monotonic() + request.ttl)
-            holder.expires_at = state.expires_at
+            space.extend(state, request.ttl)
             return holder
         if holder is None and not state.queue:
-            return self._space.grant(key, state, request)
-        self._space.gc(key, state)
-        left = None if holder is None else max(0.0, state.expires_at - monotonic())
-        return Busy(left)
+            return space.grant(state, request)
+        return Busy(None if holder is None else max(0.0, state.expires_at - monotonic()))
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        with self._space.mutex:
+            return self._attempt(self._key(request.name), request)
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
-        first = await self.try_acquire(request, will_wait=True)
-        if isinstance(first, Grant):
-            return first
-        if deadline is not None and monotonic() >= deadline:
-            return None
         key = self._key(request.name)
         space = self._space
-        state = space.state(key)
-        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
-        state.queue[request.owner] = _Waiter(request, future)
+        loop = asyncio.get_running_loop()
+        with space.mutex:
+            first = self._attempt(key, request)
+            if isinstance(first, Grant) or (deadline is not None and monotonic() >= deadline):
+                return first if isinstance(first, Grant) else None
+            waiter = space.names[key].queue[request.owner] = _Waiter(
+                request, loop, loop.create_future()
+            )
         try:
-            if deadline is None:
-                return await future
-            with anyio.move_on_after(deadline - monotonic()):
-                return await future
-            return future.result() if future.done() and not future.cancelled() else None
-        finally:
-            waiter = state.queue.get(request.owner)
-            if waiter is not None and waiter.future is future:
-                del state.queue[request.owner]
-            if not future.done():
-                future.cancel()
-            space.gc(key, state)
+            while True:
+                # NOTE: every decision under the mutex, the bell only wakes: a grant handed
+                # over while this waiter gives up is found and returned, never left behind.
+                with space.mutex:
+                    state = space.live(key)
+                    if waiter.grant is not None:
+                        return waiter.grant
+                    until = math.inf if state is None else state.expires_at
+                    if deadline is not None:
+                        if monotonic() >= deadline:
+                            space.leave(key, request.owner)
+                            return None
+                        until = min(until, deadline)
+                    waiter.bell = loop.create_future()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(None if math.isinf(until) else until - monotonic()):
+                        await waiter.bell
+        except BaseException:
+            with space.mutex:
+                space.leave(key, request.owner)
+            raise
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
-        results: list[float | None] = []
-        for grant in grants:
-            key = self._key(grant.name)
-            state = self._space.names.get(key)
-            if state is None or state.holder is None or state.holder.token != grant.token:
-                results.append(None)
-                continue
-            expires_at = monotonic() + ttl
-            self._space.set_expiry(key, state, expires_at)
-            state.holder.expires_at = expires_at
-            results.append(expires_at)
-        return results
+        with self._space.mutex:
+            states = [self._space.held_by(self._key(g.name), g) for g in grants]
+            return [None if s is None else self._space.extend(s, ttl) for s in states]
 
     async def release(self, grant: Grant) -> bool:
         key = self._key(grant.name)
-        state = self._space.names.get(key)
-        if state is None or state.holder is None:
-            return False
-        if state.holder.owner != grant.owner or state.holder.token != grant.token:
-            return False
-        self._space.vacate(key, state)
-        return True
+        with self._space.mutex:
+            state = self._space.held_by(key, grant)
+            if state is not None:
+                self._space.vacate(key, state)
+            return state is not None
 
     async def abandon(self, request: Request) -> None:
         key = self._key(request.name)
-        state = self._space.names.get(key)
-        if state is None:
-            return
-        waiter = state.queue.pop(request.owner, None)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.cancel()
-        if state.holder is not None and state.holder.owner == request.owner:
-            self._space.vacate(key, state)
-        else:
-            self._space.gc(key, state)
+        with self._space.mutex:
+            self._space.leave(key, request.owner)
+            state = self._space.names.get(key)
+            if state is not None and state.holder and state.holder.owner == request.owner:
+                self._space.vacate(key, state)
 
     async def status(self, name: str) -> LockStatus | None:
-        state = self._space.names.get(self._key(name))
-        if state is None or state.holder is None:
-            return None
-        holder = state.holder
-        left = max(0.0, state.expires_at - monotonic())
-        return LockStatus(name, holder.owner, holder.token, left, len(state.queue))
+        with self._space.mutex:
+            state = self._space.live(self._key(name))
+            if state is None or state.holder is None:
+                return None
+            left = max(0.0, state.expires_at - monotonic())
+            return LockStatus(name, state.holder.owner, state.holder.token, left, len(state.queue))
 
     async def force_release(self, name: str) -> bool:
         key = self._key(name)
-        state = self._space.names.get(key)
-        if state is None or state.holder is None:
-            return False
-        self._space.vacate(key, state)
-        return True
+        with self._space.mutex:
+            state = self._space.live(key)
+            if state is None or state.holder is None:
+                return False
+            self._space.vacate(key, state)
+            return True

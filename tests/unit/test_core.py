@@ -684,9 +684,13 @@ async def test_bad_acquire_timeout(client: aiodlock.Client) -> None:
         await client.lock("x").acquire(timeout=-0.5)
 
 
-async def test_infinite_timeout_means_forever(client: aiodlock.Client) -> None:
-    lock = client.lock("inf", timeout=float("inf"))
-    assert lock.timeout is None
+async def test_an_infinite_timeout_is_refused(client: aiodlock.Client) -> None:
+    """api.md: seconds are finite; ``timeout=None`` is the way to wait forever."""
+    with pytest.raises(aiodlock.ConfigurationError, match="timeout must be finite"):
+        client.lock("inf", timeout=float("inf"))
+    with pytest.raises(aiodlock.ConfigurationError, match="timeout must be finite"):
+        await client.lock("inf").acquire(timeout=float("inf"))
+    lock = client.lock("inf", timeout=None)
     async with lock:
         assert lock.held
 
