@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ._common import DEMO_LOCK, DEMO_NAMESPACE, EX_CONFIG
@@ -71,43 +71,8 @@ in time; 70 lease lost while the command ran; 2 usage or configuration error;
 """
 
 
-def _add_lock_command(
-    commands: argparse._SubParsersAction[_Parser],
-    command: str,
-    common: _Parser,
-    **options: Any,
-) -> argparse.ArgumentParser:
-    """The parser of ``aiodlock COMMAND NAME ...``, a command on the lock NAME."""
-    parser = commands.add_parser(command, parents=[common], **options)
-    parser.add_argument("name", metavar="NAME", help="the lock name")
-    return parser
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``aiodlock`` command."""
-    common = _Parser(add_help=False)
-    group = common.add_argument_group("lock service")
-    group.add_argument(
-        "--url",
-        dest="sub_url",
-        metavar="URL",
-        help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
-    )
-    group.add_argument(
-        "--namespace",
-        dest="sub_namespace",
-        metavar="NS",
-        help="key prefix that separates applications on one server (default: aiodlock)",
-    )
-    group.add_argument(
-        "-v",
-        "--verbose",
-        dest="sub_verbose",
-        action="store_true",
-        default=None,
-        help="say what happens (acquired, released, tokens) on stderr",
-    )
-
     parser = _Parser(
         prog="aiodlock",
         description=_DESCRIPTION,
@@ -115,20 +80,37 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
-    parser.add_argument("--url", metavar="URL", help="lock service URL (see above)")
-    parser.add_argument(
-        "--namespace", metavar="NS", help="key prefix of every lock (default: aiodlock)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="say what happens")
+    # The options of the lock service, before the command and (the parent ``common``) after.
+    common = _Parser(add_help=False)
+    for options, prefix in ((parser, ""), (common.add_argument_group("lock service"), "sub_")):
+        options.add_argument(
+            "--url",
+            dest=prefix + "url",
+            metavar="URL",
+            help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
+        )
+        options.add_argument(
+            "--namespace",
+            dest=prefix + "namespace",
+            metavar="NS",
+            help="key prefix that separates applications on one server (default: aiodlock)",
+        )
+        options.add_argument(
+            "-v",
+            "--verbose",
+            dest=prefix + "verbose",
+            action="store_true",
+            default=None,
+            help="say what happens (acquired, released, tokens) on stderr",
+        )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
     )
     commands.required = True
 
-    run = _add_lock_command(
-        commands,
+    run = commands.add_parser(
         "run",
-        common,
+        parents=[common],
         usage="aiodlock run [options] NAME -- COMMAND [ARGS...]",
         help="run a command while holding a lock (like flock(1), across hosts)",
         description=(
@@ -148,17 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
             "lock service unavailable; 128+N signal N arrived before the command started."
         ),
     )
+    run.add_argument("name", metavar="NAME", help="the lock name")
     run.add_argument(
         "--timeout",
         type=_seconds,
-        default=None,
         metavar="S",
         help="give up (exit 75) after S seconds; 0 tries once (default: wait forever)",
     )
     run.add_argument(
         "--ttl",
         type=_positive_seconds,
-        default=None,
         metavar="S",
         help=(
             "fixed lease of S seconds, never renewed: the command is stopped when it runs "
@@ -172,17 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="after a lost lease, seconds between SIGTERM and SIGKILL (default: 5)",
     )
-    run.add_argument(
-        "command_args",
-        nargs="*",
-        metavar="COMMAND",
-        help="the command and its arguments, after --",
-    )
+    run.add_argument("command_args", nargs="*", metavar="COMMAND", help="the command, after --")
 
-    status = _add_lock_command(
-        commands,
+    status = commands.add_parser(
         "status",
-        common,
+        parents=[common],
         help="show who holds a lock (exit 0 held, 1 free)",
         description=(
             "Show the holder of the lock NAME (its owner string), its fencing token, the "
@@ -190,12 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Exits 0 when the lock is held and 1 when it is free."
         ),
     )
+    status.add_argument("name", metavar="NAME", help="the lock name")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
-    release = _add_lock_command(
-        commands,
+    release = commands.add_parser(
         "release",
-        common,
+        parents=[common],
         help="break a lock whoever holds it (needs --force)",
         description=(
             "Break the lock NAME whoever holds it (an admin operation). The holder is no "
@@ -204,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
             "was not held, 2 without --force."
         ),
     )
+    release.add_argument("name", metavar="NAME", help="the lock name")
     release.add_argument("--force", action="store_true", help="really break the lock (required)")
 
     demo = commands.add_parser(
@@ -226,16 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop = demo.add_mutually_exclusive_group()
     stop.add_argument(
-        "--duration",
-        type=_positive_seconds,
-        default=None,
-        metavar="S",
-        help="contend for S seconds (default: 3)",
+        "--duration", type=_positive_seconds, metavar="S", help="contend for S seconds (default: 3)"
     )
     stop.add_argument(
         "--rounds",
         type=_positive_int,
-        default=None,
         metavar="N",
         help="each worker acquires N times instead of a fixed duration",
     )
@@ -250,17 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--name", default=DEMO_LOCK, help=f"lock name (default: {DEMO_LOCK})")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    # The worker half of ``demo``; not listed in the help.
-    worker = commands.add_parser("_demo-worker", parents=[common])
-    worker.add_argument("--index", type=int, required=True)
-    worker.add_argument("--name", required=True)
-    worker.add_argument("--marker-dir", required=True)
-    worker.add_argument("--rounds", type=int, default=0)
-    worker.add_argument("--hold-ms", type=float, nargs=2, default=(1.0, 3.0))
+    commands.add_parser("_demo-worker", parents=[common])  # demo's worker (not in the help)
     return parser
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     # ``run NAME [options] -- COMMAND ...``: everything after the first ``--`` that follows
     # ``run`` is the command, verbatim (argparse would otherwise read its options).
     tail: list[str] | None = None
