@@ -1,10 +1,6 @@
-"""Parsing of lock-server URLs, and the checked conversion of their options.
-
-A URL names a backend by its scheme and may list several hosts
-(``redlock://h1:6379,h2:6379,h3:6379``), a user and password, a path and query options.
-Secrets (the password, and every option named in :data:`SECRET_OPTIONS`) are never shown:
-``repr()``, :meth:`ParsedURL.redacted` and the option errors print ``***`` in their place.
-"""
+"""Lock-server URLs (a scheme, hosts, user, password, path and query options) and the
+checked conversion of options.  Secrets (the password, the options :func:`is_secret` names)
+are never shown: ``repr()``, :meth:`ParsedURL.redacted` and errors print ``***`` instead."""
 
 from __future__ import annotations
 
@@ -114,9 +110,8 @@ def parse_url(url: str) -> ParsedURL:
 
 
 def sqlite_url(path: str) -> str:
-    """The ``sqlite://`` URL of the file ``path`` (absolute or relative), read back as that
-    path: ``sqlite:///`` + path, or, when the path has a ``?`` or ``#`` (where a URL's path
-    ends), the percent-encoded option ``path``."""
+    """The ``sqlite://`` URL of the file ``path``: ``sqlite:///`` + path, or the option
+    ``path`` (percent-encoded) when the path has a ``?`` or ``#`` (where a URL's path ends)."""
     if "?" in path or "#" in path:
         return "sqlite://?path=" + quote(path, safe="/")
     return "sqlite:///" + path
@@ -162,10 +157,8 @@ def take_float(
     value = options.pop(name, _MISSING)
     if value is _MISSING:
         return default
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
-        if allow_none:
-            return None
-        raise _bad(name, "needs a number", value)
+    if allow_none and (value is None or str(value).lower() in ("none", "")):
+        return None
     if isinstance(value, bool):
         raise _bad(name, "needs a number of seconds", value)
     try:

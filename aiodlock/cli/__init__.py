@@ -17,45 +17,24 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .. import BackendError, ConfigurationError, LockError, Unsupported
-from ._common import (
-    DEMO_LOCK,
-    DEMO_NAMESPACE,
-    EX_COMMAND_NOT_FOUND,
-    EX_CONFIG,
-    EX_FREE,
-    EX_LOST,
-    EX_NOT_EXECUTABLE,
-    EX_OK,
-    EX_TEMPFAIL,
-    EX_UNAVAILABLE,
-    Exit,
-    fmt_seconds,
-    make_client,
-    resolved_url,
-    say,
-    shown_url,
-)
-from ._demo import Record, analyse, cmd_demo, cmd_demo_worker
-from ._parser import build_parser, parse_args
+from ._common import DEMO_LOCK as DEMO_LOCK
+from ._common import DEMO_NAMESPACE as DEMO_NAMESPACE
+from ._common import EX_COMMAND_NOT_FOUND as EX_COMMAND_NOT_FOUND
+from ._common import EX_CONFIG as EX_CONFIG
+from ._common import EX_FREE as EX_FREE
+from ._common import EX_LOST as EX_LOST
+from ._common import EX_NOT_EXECUTABLE as EX_NOT_EXECUTABLE
+from ._common import EX_OK as EX_OK
+from ._common import EX_TEMPFAIL as EX_TEMPFAIL
+from ._common import EX_UNAVAILABLE as EX_UNAVAILABLE
+from ._common import Exit, fmt_seconds, make_client, resolved_url, say, shown_url
+from ._demo import Record, cmd_demo, cmd_demo_worker
+from ._demo import analyse as analyse
+from ._parser import build_parser as build_parser
+from ._parser import parse_args
 from ._run import cmd_run
 
-__all__ = [
-    "DEMO_LOCK",
-    "DEMO_NAMESPACE",
-    "EX_COMMAND_NOT_FOUND",
-    "EX_CONFIG",
-    "EX_FREE",
-    "EX_LOST",
-    "EX_NOT_EXECUTABLE",
-    "EX_OK",
-    "EX_TEMPFAIL",
-    "EX_UNAVAILABLE",
-    "analyse",
-    "build_parser",
-    "main",
-]
-
-# The names these had before the package was split into modules.
+# (re-exported ``X as X``; ``_Record`` and ``_parse``: the names these had before the split)
 _Record, _parse = Record, parse_args
 
 

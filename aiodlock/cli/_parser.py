@@ -53,8 +53,7 @@ The lock service is --url (accepted before or after the command), else the
 environment variable AIODLOCK_URL, else the embedded default: a SQLite file in
 the user cache dir ($XDG_CACHE_HOME/aiodlock/locks.db), shared by every process
 of this host. Examples of URLs: redis://127.0.0.1:6379/0,
-zookeeper://zk1:2181,zk2:2181/app, etcd://127.0.0.1:2379,
-sqlite:////var/lock/app.db, mysql://user:pw@db:3306/app.
+zookeeper://zk1:2181,zk2:2181/app, sqlite:////var/lock/app.db.
 """
 
 _EPILOG = """\
@@ -80,27 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
-    # The options of the lock service, before the command and (the parent ``common``) after.
-    common = _Parser(add_help=False)
-    for options, prefix in ((parser, ""), (common.add_argument_group("lock service"), "sub_")):
+    # The lock service's options, before the command and after it (the parent ``common``,
+    # which sets only what is given there: after wins).
+    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    for options in (parser, common.add_argument_group("lock service")):
         options.add_argument(
             "--url",
-            dest=prefix + "url",
             metavar="URL",
             help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
         )
         options.add_argument(
             "--namespace",
-            dest=prefix + "namespace",
             metavar="NS",
             help="key prefix that separates applications on one server (default: aiodlock)",
         )
         options.add_argument(
             "-v",
             "--verbose",
-            dest=prefix + "verbose",
             action="store_true",
-            default=None,
             help="say what happens (acquired, released, tokens) on stderr",
         )
     commands = parser.add_subparsers(
@@ -114,18 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
         usage="aiodlock run [options] NAME -- COMMAND [ARGS...]",
         help="run a command while holding a lock (like flock(1), across hosts)",
         description=(
-            "Acquire the lock NAME, run COMMAND while holding it, release it when COMMAND "
-            "ends. The exit status is the command's (128+N if it died of signal N). While "
-            "the command runs a watchdog renews the lease; if the lease is lost anyway "
-            "(server unreachable for too long, --ttl ran out, force-released) the command "
-            "gets SIGTERM, then SIGKILL after --grace seconds, and aiodlock exits 70. "
-            "SIGINT, SIGTERM and SIGHUP sent to aiodlock are passed on to the command. "
-            "The command sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
+            "Acquire the lock NAME, run COMMAND while holding it (a watchdog renews the "
+            "lease), release it when COMMAND ends. If the lease is lost (server unreachable "
+            "for too long, --ttl ran out, force-released) the command gets SIGTERM, then "
+            "SIGKILL after --grace seconds; aiodlock exits 70 whenever the lease was lost "
+            "before the command ended. SIGINT, SIGTERM and SIGHUP are passed on to the "
+            "command, which sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
             "AIODLOCK_OWNER in its environment."
         ),
         epilog=(
             "exit statuses: the command's; 75 not acquired within --timeout (the command "
-            "did not run); 70 lease lost (the command was stopped); 126/127 the command "
+            "did not run); 70 lease lost before the command ended; 126/127 the command "
             "could not be executed / was not found; 2 usage or configuration error; 69 "
             "lock service unavailable; 128+N signal N arrived before the command started."
         ),
@@ -174,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="break a lock whoever holds it (needs --force)",
         description=(
             "Break the lock NAME whoever holds it (an admin operation). The holder is no "
-            "longer protected: it notices the loss at its next renewal (an `aiodlock run` "
-            "holder then stops its command). Exits 0 when a lock was broken, 1 when NAME "
-            "was not held, 2 without --force."
+            "longer protected: it notices the loss at its next renewal or release (an "
+            "`aiodlock run` holder then stops its command, or exits 70). Exits 0 when a "
+            "lock was broken, 1 when NAME was not held, 2 without --force."
         ),
     )
     release.add_argument("name", metavar="NAME", help="the lock name")
@@ -187,14 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="N processes contend for one lock; checks mutual exclusion and tokens",
         description=(
-            "Start N worker processes that contend for ONE lock: each loops acquire, a "
-            "short critical section (1-3 ms), release. Every worker creates a marker file "
-            "with O_CREAT|O_EXCL on entry and removes it on exit, and records monotonic "
-            "enter/exit times with its fencing token. The report gives acquisitions, "
-            "overlaps seen (must be 0), whether tokens strictly increase in the order of "
-            "entry, wait times and hand-off gaps. Exits 1 if an overlap or a token out of "
-            f"order was seen. Uses the namespace {DEMO_NAMESPACE!r} unless --namespace is "
-            "given, so it never touches your own locks."
+            "Start N worker processes that contend for ONE lock, each looping acquire, a "
+            "short critical section (--hold-ms) with a marker file created O_CREAT|O_EXCL, "
+            "release. The report gives acquisitions, overlaps seen (must be 0), whether "
+            "tokens strictly increase in entry order, wait times and hand-off gaps; exit 1 "
+            f"if an overlap or a token out of order was seen. Uses the namespace "
+            f"{DEMO_NAMESPACE} unless --namespace is given: it never touches your locks."
         ),
     )
     demo.add_argument(
@@ -238,9 +231,4 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
             args = parser.parse_args([*argv, "--", *tail])
         else:
             args.command_args = [*args.command_args, *tail]
-    # Common options are accepted before and after the command; after wins.
-    for option in ("url", "namespace", "verbose"):
-        after = getattr(args, f"sub_{option}", None)
-        if after is not None:
-            setattr(args, option, after)
     return args
