@@ -161,17 +161,13 @@ async def _run_workers(
     env = dict(os.environ, AIODLOCK_URL=resolved_url(args))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_PACKAGE_ROOT, env.get("PYTHONPATH"))))
     argv = (sys.executable, "-m", "aiodlock", "--namespace", namespace, "_demo-worker")
-    pipe = asyncio.subprocess.PIPE
+    pipe, spawn = asyncio.subprocess.PIPE, asyncio.create_subprocess_exec
     duration = args.duration if args.duration is not None else (None if args.rounds else 3.0)
     procs: list[asyncio.subprocess.Process] = []
     stage = "start"
     try:
         for _ in range(args.workers):
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *argv, env=env, stdin=pipe, stdout=pipe, stderr=pipe
-                )
-            )
+            procs.append(await spawn(*argv, env=env, stdin=pipe, stdout=pipe, stderr=pipe))
         with anyio.fail_after(60):  # start together: every worker connects before any contends
             for proc in procs:
                 assert proc.stdout is not None
@@ -226,9 +222,7 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
         lock = client.lock(task["name"], ttl=10.0)
         low, high = (ms / 1000 for ms in task["hold_ms"])
         rounds, deadline = task["rounds"], task["deadline"]
-        while not (
-            (rounds and len(records) >= rounds) or (deadline and time.monotonic() >= deadline)
-        ):
+        while (not rounds or len(records) < rounds) and time.monotonic() < (deadline or math.inf):
             requested = time.monotonic()
             try:
                 lease = await lock.acquire()

@@ -62,16 +62,12 @@ class _Signals:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
-        try:
+        with contextlib.ExitStack() as installed:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self.handle, int(sig))
-                    installed.append(int(sig))
+                    installed.callback(loop.remove_signal_handler, sig)
             yield
-        finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
