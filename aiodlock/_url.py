@@ -1,10 +1,6 @@
-"""Parsing of lock-server URLs.
-
-A URL names a backend by its scheme and may list several hosts
-(``redlock://h1:6379,h2:6379,h3:6379``), a user and password, a path and query options.
-The password is kept apart and never shown: ``repr()`` and :meth:`ParsedURL.redacted`
-print ``***`` in its place.
-"""
+"""Lock-server URLs (a scheme, hosts, user, password, path and query options) and the
+checked conversion of options.  Secrets (the password, the options :func:`is_secret` names)
+are never shown: ``repr()``, :meth:`ParsedURL.redacted` and errors print ``***`` instead."""
 
 from __future__ import annotations
 
@@ -17,43 +13,41 @@ from urllib.parse import parse_qsl, quote, unquote
 from ._checks import MAX_SECONDS
 from ._errors import ConfigurationError
 
-__all__ = [
-    "ParsedURL",
-    "parse_url",
-    "sqlite_url",
-    "take_bool",
-    "take_float",
-    "take_int",
-    "take_str",
-]
+#: The options that carry a secret, also as the end of a longer name (``ssl_key_password``,
+#: ``auth_token``): the one list that the URL display, reprs and errors consult.
+SECRET_OPTIONS = ("password", "passwords", "secret", "token", "ssl_keyfile_password")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+def is_secret(option: str) -> bool:
+    """Does the option ``option`` carry a secret (never to be shown)?"""
+    name = option.lower()
+    return any(name == s or name.endswith("_" + s) for s in SECRET_OPTIONS)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class ParsedURL:
-    """A lock-server URL split into its parts (the password is hidden from ``repr``)."""
+    """A lock-server URL split into its parts (``repr`` shows it redacted)."""
 
     scheme: str
     hosts: tuple[tuple[str, int | None], ...]
     username: str | None
-    password: str | None = dataclasses.field(repr=False)
+    password: str | None
     path: str
     query: Mapping[str, str]
-    raw_netloc: str = dataclasses.field(repr=False, default="")
 
     def redacted(self) -> str:
-        """The URL with the password replaced by ``***`` (safe for logs and errors)."""
+        """The URL with the password and secret options as ``***`` (for logs and errors)."""
         auth = ""
         if self.username is not None or self.password is not None:
-            auth = self.username or ""
-            if self.password is not None:
-                auth += ":***"
-            auth += "@"
+            auth = (self.username or "") + (":***" if self.password is not None else "") + "@"
         hosts = ",".join(_format_host(h, p) for h, p in self.hosts)
-        query = "&".join(f"{k}={v}" for k, v in self.query.items())
+        query = "&".join(f"{k}={'***' if is_secret(k) else v}" for k, v in self.query.items())
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")
 
-    def __str__(self) -> str:
-        return self.redacted()
+    __str__ = redacted
+
+    def __repr__(self) -> str:
+        return f"ParsedURL({self.redacted()!r})"
 
     def host_list(self, default_port: int) -> list[tuple[str, int]]:
         """Every host with ``default_port`` filled in where the URL gave none."""
@@ -65,25 +59,35 @@ def _format_host(host: str, port: int | None) -> str:
     return shown if port is None else f"{shown}:{port}"
 
 
+_ENCODE = (
+    "a raw '@' after the host: special characters in a user name or password (and an '@' "
+    "in the path) must be percent-encoded ('/' as %2F, '?' as %3F, '#' as %23, '@' as %40)"
+)
+
+
 def parse_url(url: str) -> ParsedURL:
     """Split ``url``; raises :class:`ConfigurationError` naming the bad part."""
     if not isinstance(url, str):
         raise ConfigurationError(f"the URL must be a str, not {type(url).__name__}")
     if "://" not in url:
+        shown = "***@" + url.rsplit("@", 1)[1] if "@" in url else url
         raise ConfigurationError(
-            f"not a URL: {_mask(url)!r} (expected 'scheme://...', e.g. 'redis://127.0.0.1:6379/0')"
+            f"not a URL: {shown!r} (expected 'scheme://...', e.g. 'redis://127.0.0.1:6379/0')"
         )
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()
     if not scheme or not all(c.isalnum() or c in "+-." for c in scheme):
         raise ConfigurationError(f"bad URL scheme {scheme!r}")
-    if "#" in rest:
-        rest = rest.split("#", 1)[0]
-    query_text = ""
-    if "?" in rest:
-        rest, query_text = rest.split("?", 1)
+    rest, _, fragment = rest.partition("#")
+    rest, _, query_text = rest.partition("?")
     netloc, slash, path = rest.partition("/")
-    path = slash + path
+    # A raw '/', '?' or '#' in a password ends the host part early ('u:pa/ss@h'): the '@'
+    # then shows up later, and the password's head would be read (and shown) as a host or
+    # port.  Such a URL is refused without echoing any of it.
+    late_at = bool(netloc) and "@" not in netloc and "@" in path + query_text + fragment
+    keys = (part.partition("=")[0] for part in query_text.split("&"))
+    if late_at and ("@" in path + fragment or any("@" in key for key in keys)):
+        raise ConfigurationError(f"bad {scheme}:// URL: {_ENCODE}")
     username: str | None = None
     password: str | None = None
     if "@" in netloc:
@@ -91,22 +95,23 @@ def parse_url(url: str) -> ParsedURL:
         user, colon, pw = userinfo.partition(":")
         username = unquote(user) if user else None
         password = unquote(pw) if colon else None
-    hosts: list[tuple[str, int | None]] = []
-    if netloc:
-        for part in netloc.split(","):
-            hosts.append(_parse_host(part.strip(), scheme))
+    try:
+        hosts = tuple(_parse_host(part.strip(), scheme) for part in netloc.split(",") if netloc)
+    except ConfigurationError:
+        if late_at:  # the '@' is in a query value, and the host part is a password's head
+            raise ConfigurationError(f"bad {scheme}:// URL: {_ENCODE}") from None
+        raise
     query: dict[str, str] = {}
     for key, value in parse_qsl(query_text, keep_blank_values=True):
         if key in query:
             raise ConfigurationError(f"URL query option {key!r} is given more than once")
         query[key] = value
-    return ParsedURL(scheme, tuple(hosts), username, password, path, query, netloc)
+    return ParsedURL(scheme, hosts, username, password, slash + path, query)
 
 
 def sqlite_url(path: str) -> str:
-    """The ``sqlite://`` URL of the file ``path`` (absolute or relative), read back as that
-    path: ``sqlite:///`` + path, or, when the path has a ``?`` or ``#`` (where a URL's path
-    ends), the percent-encoded option ``path``."""
+    """The ``sqlite://`` URL of the file ``path``: ``sqlite:///`` + path, or the option
+    ``path`` (percent-encoded) when the path has a ``?`` or ``#`` (where a URL's path ends)."""
     if "?" in path or "#" in path:
         return "sqlite://?path=" + quote(path, safe="/")
     return "sqlite:///" + path
@@ -119,31 +124,25 @@ def _parse_host(part: str, scheme: str) -> tuple[str, int | None]:
         host, bracket, tail = part[1:].partition("]")
         if not bracket:
             raise ConfigurationError(f"bad IPv6 host {part!r} in the URL (missing ']')")
-        port_text = tail[1:] if tail.startswith(":") else None
         if tail and not tail.startswith(":"):
             raise ConfigurationError(f"bad host {part!r} in the URL")
+        port_text = tail[1:] if tail else None
     else:
         host, colon, port_text_ = part.partition(":")
         port_text = port_text_ if colon else None
-    port: int | None = None
-    if port_text is not None:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ConfigurationError(f"bad port {port_text!r} for host {host!r} in the URL")
-        port = int(port_text)
-    return unquote(host), port
+    if port_text is not None and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
+        raise ConfigurationError(f"bad port {port_text!r} for host {host!r} in the URL")
+    return unquote(host), None if port_text is None else int(port_text)
 
 
-def _mask(url: str) -> str:
-    # Hide anything that looks like user:password@ in a string that failed to parse.
-    if "@" in url:
-        return "***@" + url.rsplit("@", 1)[1]
-    return url
-
-
-# Option helpers.  Options come as keyword arguments (native types) or URL query strings.
-# Each helper removes the option from ``options`` and converts it, naming it on error.
+# Each take_* pops an option (a native value, or a URL query string) and converts it.
 
 _MISSING: Any = object()
+
+
+def _bad(name: str, what: str, value: object) -> ConfigurationError:
+    shown = "***" if is_secret(name) else repr(value)
+    return ConfigurationError(f"option {name!r} {what}, got {shown}")
 
 
 def take_float(
@@ -158,26 +157,22 @@ def take_float(
     value = options.pop(name, _MISSING)
     if value is _MISSING:
         return default
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
-        if allow_none:
-            return None
-        raise ConfigurationError(f"option {name!r} needs a number, got {value!r}")
+    if allow_none and (value is None or str(value).lower() in ("none", "")):
+        return None
     if isinstance(value, bool):
-        raise ConfigurationError(f"option {name!r} needs a number of seconds, got {value!r}")
+        raise _bad(name, "needs a number of seconds", value)
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ConfigurationError(f"option {name!r} needs a number, got {value!r}") from None
+        raise _bad(name, "needs a number", value) from None
     if not math.isfinite(number):
-        raise ConfigurationError(f"option {name!r} must be finite, got {value!r}")
+        raise _bad(name, "must be finite", value)
     if minimum is not None and number < minimum:
-        raise ConfigurationError(f"option {name!r} must be at least {minimum}, got {value!r}")
+        raise _bad(name, f"must be at least {minimum}", value)
     if not allow_zero and number <= 0:
-        raise ConfigurationError(f"option {name!r} must be greater than 0, got {value!r}")
+        raise _bad(name, "must be greater than 0", value)
     if number > MAX_SECONDS:
-        raise ConfigurationError(
-            f"option {name!r} must be at most one year ({MAX_SECONDS:.0f} s), got {value!r}"
-        )
+        raise _bad(name, f"must be at most one year ({MAX_SECONDS:.0f} s)", value)
     return number
 
 
@@ -192,23 +187,21 @@ def take_int(
     value = options.pop(name, _MISSING)
     if value is _MISSING:
         return default
-    if isinstance(value, bool):
-        raise ConfigurationError(f"option {name!r} needs an integer, got {value!r}")
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ConfigurationError(f"option {name!r} needs an integer, got {value!r}") from None
-    if isinstance(value, float) and value != number:
-        raise ConfigurationError(f"option {name!r} needs an integer, got {value!r}")
+        number = None
+    if isinstance(value, bool) or number is None or (isinstance(value, float) and value != number):
+        raise _bad(name, "needs an integer", value)
     if minimum is not None and number < minimum:
-        raise ConfigurationError(f"option {name!r} must be at least {minimum}, got {value!r}")
+        raise _bad(name, f"must be at least {minimum}", value)
     if maximum is not None and number > maximum:
-        raise ConfigurationError(f"option {name!r} must be at most {maximum}, got {value!r}")
+        raise _bad(name, f"must be at most {maximum}", value)
     return number
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS.update(dict.fromkeys(("0", "false", "no", "off"), False))
 
 
 def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bool:
@@ -217,20 +210,19 @@ def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bo
         return default
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise ConfigurationError(f"option {name!r} needs true or false, got {value!r}")
+    if isinstance(value, str) and value.lower() in _BOOLS:
+        return _BOOLS[value.lower()]
+    raise _bad(name, "needs true or false", value)
 
 
 def take_str(
     options: MutableMapping[str, Any], name: str, default: str | None, *, secret: bool = False
 ) -> str | None:
+    """``secret``: the value is never shown, whatever the option's name (see is_secret)."""
     value = options.pop(name, _MISSING)
     if value is _MISSING:
         return default
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        shown = "***" if secret else repr(value)
-        raise ConfigurationError(f"option {name!r} needs a string, got {shown}")
-    return value
+    if value is None or isinstance(value, str):
+        return value
+    shown = "***" if secret or is_secret(name) else repr(value)
+    raise ConfigurationError(f"option {name!r} needs a string, got {shown}")

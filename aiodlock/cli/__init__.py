@@ -1,27 +1,15 @@
-"""The ``aiodlock`` command line (also ``python -m aiodlock``).
-
-Commands::
-
-    aiodlock run NAME [--timeout S] [--ttl S] [--grace S] -- COMMAND [ARGS...]
-    aiodlock status NAME [--json]
-    aiodlock release NAME --force
-    aiodlock demo [--workers N] [--duration S | --rounds N] [--json]
+"""The ``aiodlock`` command line (also ``python -m aiodlock``): ``run``, ``status``,
+``release --force`` and ``demo``; docs/cli.md describes the commands and exit statuses.
 
 The lock service is ``--url`` (before or after the command), else ``AIODLOCK_URL``, else
 the embedded default (:func:`aiodlock.default_url`: a SQLite file in the user cache dir).
-
-Exit statuses (see ``docs/cli.md``): ``run`` passes the command's status through (128+N
-when it died of signal N); 75 (EX_TEMPFAIL) when the lock was not acquired in time; 70
-(EX_SOFTWARE) when the lease was lost while the command ran; 126/127 when the command could
-not be started; 2 for usage and configuration errors; 69 (EX_UNAVAILABLE) when the lock
-service failed or could not be reached.  ``status`` exits 0 when the lock is held and 1 when
-it is free; ``release --force`` exits 0 when it broke a lock and 1 when there was none.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -29,61 +17,77 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .. import BackendError, ConfigurationError, LockError, Unsupported
-from ._admin import _cmd_release, _cmd_status
-
-# ``NAME as NAME``: re-exported from the package, where they were before it was split into
-# modules (the demo's lock names, analysis and record; the parser's post-processing).
 from ._common import DEMO_LOCK as DEMO_LOCK
 from ._common import DEMO_NAMESPACE as DEMO_NAMESPACE
-from ._common import (
-    EX_COMMAND_NOT_FOUND,
-    EX_CONFIG,
-    EX_FREE,
-    EX_LOST,
-    EX_NOT_EXECUTABLE,
-    EX_OK,
-    EX_TEMPFAIL,
-    EX_UNAVAILABLE,
-    _Exit,
-    _resolved_url,
-    _say,
-    _shown_url,
-)
-from ._demo import _cmd_demo, _cmd_demo_worker
-from ._demo import _Record as _Record
+from ._common import EX_COMMAND_NOT_FOUND as EX_COMMAND_NOT_FOUND
+from ._common import EX_CONFIG as EX_CONFIG
+from ._common import EX_FREE as EX_FREE
+from ._common import EX_LOST as EX_LOST
+from ._common import EX_NOT_EXECUTABLE as EX_NOT_EXECUTABLE
+from ._common import EX_OK as EX_OK
+from ._common import EX_TEMPFAIL as EX_TEMPFAIL
+from ._common import EX_UNAVAILABLE as EX_UNAVAILABLE
+from ._common import Exit, fmt_seconds, make_client, resolved_url, say, shown_url
+from ._demo import Record, cmd_demo, cmd_demo_worker
 from ._demo import analyse as analyse
-from ._parser import _parse as _parse
-from ._parser import build_parser
-from ._run import _cmd_run
+from ._parser import build_parser as build_parser
+from ._parser import parse_args
+from ._run import cmd_run
 
-__all__ = [
-    "EX_COMMAND_NOT_FOUND",
-    "EX_CONFIG",
-    "EX_FREE",
-    "EX_LOST",
-    "EX_NOT_EXECUTABLE",
-    "EX_OK",
-    "EX_TEMPFAIL",
-    "EX_UNAVAILABLE",
-    "build_parser",
-    "main",
-]
+# (re-exported ``X as X``; ``_Record`` and ``_parse``: the names these had before the split)
+_Record, _parse = Record, parse_args
 
-log = logging.getLogger("aiodlock.cli")
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with make_client(args) as client:
+        status = await client.status(args.name)
+    if args.json:
+        fields = ("owner", "token", "expires_in", "waiters") if status else ()
+        held = {field: getattr(status, field) for field in fields}
+        print(json.dumps({"name": args.name, "held": status is not None, **held}))
+    elif status is None:
+        print(f"lock {args.name!r} is free")
+    else:
+        print(f"lock {args.name!r} is held")
+        print(f"  holder:     {status.owner}")
+        print(f"  token:      {status.token}")
+        print(f"  expires in: {fmt_seconds(status.expires_in)}")
+        if status.waiters is not None:
+            print(f"  waiters:    {status.waiters}")
+    return EX_OK if status is not None else EX_FREE
+
+
+async def cmd_release(args: argparse.Namespace) -> int:
+    if not args.force:
+        raise Exit(
+            EX_CONFIG,
+            f"release: refusing to break lock {args.name!r} without --force. Breaking a lock "
+            f"leaves its holder unprotected (it notices at its next renewal); a holder "
+            f"releases its own lock when it is done. Add --force if you are sure.",
+        )
+    async with make_client(args) as client:
+        status = await client.status(args.name)
+        released = await client.force_release(args.name)
+    if not released:
+        print(f"lock {args.name!r} was not held; nothing to release")
+        return EX_FREE
+    held = "" if status is None else f" (held by {status.owner}, token {status.token})"
+    print(f"released lock {args.name!r}{held}")
+    return EX_OK
+
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "run": _cmd_run,
-    "status": _cmd_status,
-    "release": _cmd_release,
-    "demo": _cmd_demo,
-    "_demo-worker": _cmd_demo_worker,
+    "run": cmd_run,
+    "status": cmd_status,
+    "release": cmd_release,
+    "demo": cmd_demo,
+    "_demo-worker": cmd_demo_worker,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``aiodlock`` command; returns the exit status."""
-    parser = build_parser()
-    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    args = parse_args(build_parser(), list(sys.argv[1:] if argv is None else argv))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     if not args.verbose:
@@ -95,18 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     library_log.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return asyncio.run(_COMMANDS[args.command](args))
-    except _Exit as exc:
+    except Exit as exc:
         if exc.message:
-            _say(exc.message)
+            say(exc.message)
         return exc.status
     except (ConfigurationError, Unsupported) as exc:
-        _say(str(exc))
+        say(str(exc))
         return EX_CONFIG
     except BackendError as exc:
-        _say(f"the lock service at {_shown_url(_resolved_url(args))} failed: {exc}")
+        say(f"the lock service at {shown_url(resolved_url(args))} failed: {exc}")
         return EX_UNAVAILABLE
     except LockError as exc:
-        _say(f"{type(exc).__name__}: {exc}")
+        say(f"{type(exc).__name__}: {exc}")
         return EX_LOST
     except KeyboardInterrupt:
         return 128 + signal.SIGINT

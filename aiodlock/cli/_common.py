@@ -17,7 +17,7 @@ EX_FREE = 1
 EX_CONFIG = 2
 #: The lock service failed or could not be reached (BSD sysexits EX_UNAVAILABLE).
 EX_UNAVAILABLE = 69
-#: ``run``: the lease was lost while the command ran; the command was stopped (EX_SOFTWARE).
+#: ``run``: the lease was lost before the command ended (EX_SOFTWARE).
 EX_LOST = 70
 #: ``run``: the lock was not acquired within ``--timeout``; the command did not run.
 EX_TEMPFAIL = 75
@@ -26,12 +26,11 @@ EX_NOT_EXECUTABLE = 126
 #: ``run``: the command was not found (as in a POSIX shell).
 EX_COMMAND_NOT_FOUND = 127
 
-DEMO_NAMESPACE = "aiodlock-demo"
-DEMO_LOCK = "aiodlock-demo"
+DEMO_NAMESPACE = DEMO_LOCK = "aiodlock-demo"
 
 
-class _Exit(Exception):
-    """Leave with a status after printing ``message`` on stderr."""
+class Exit(Exception):
+    """Leave with ``status`` after printing ``message`` on stderr."""
 
     def __init__(self, status: int, message: str | None = None) -> None:
         super().__init__(message)
@@ -39,31 +38,29 @@ class _Exit(Exception):
         self.message = message
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"aiodlock: {message}", file=sys.stderr, flush=True)
 
 
-def _resolved_url(args: argparse.Namespace) -> str:
-    url: str | None = args.url
-    return url if url else default_url()
+def resolved_url(args: argparse.Namespace) -> str:
+    return str(args.url or default_url())
 
 
-def _shown_url(url: str) -> str:
-    """``url`` with any password masked (for messages)."""
+def shown_url(url: str) -> str:
+    """``url`` with its password and secret options masked (for messages)."""
     try:
         return parse_url(url).redacted()
     except ConfigurationError:
         return "<the URL>"
 
 
-def _make_client(args: argparse.Namespace, **options: Any) -> Client:
-    url = _resolved_url(args)
-    if args.namespace is not None and "namespace" not in options:
-        options["namespace"] = args.namespace
-    return connect(url, **options)
+def make_client(args: argparse.Namespace, **options: Any) -> Client:
+    if args.namespace is not None:
+        options.setdefault("namespace", args.namespace)
+    return connect(resolved_url(args), **options)
 
 
-def _fmt_seconds(value: float | None) -> str:
+def fmt_seconds(value: float | None) -> str:
     if value is None:
         return "no fixed end (bound to a server session)"
     return f"{value:.1f} s" if value >= 10 else f"{value:.3f} s"

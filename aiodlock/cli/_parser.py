@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ._common import DEMO_LOCK, DEMO_NAMESPACE, EX_CONFIG
@@ -53,8 +53,7 @@ The lock service is --url (accepted before or after the command), else the
 environment variable AIODLOCK_URL, else the embedded default: a SQLite file in
 the user cache dir ($XDG_CACHE_HOME/aiodlock/locks.db), shared by every process
 of this host. Examples of URLs: redis://127.0.0.1:6379/0,
-zookeeper://zk1:2181,zk2:2181/app, etcd://127.0.0.1:2379,
-sqlite:////var/lock/app.db, mysql://user:pw@db:3306/app.
+zookeeper://zk1:2181,zk2:2181/app, sqlite:////var/lock/app.db.
 """
 
 _EPILOG = """\
@@ -71,43 +70,8 @@ in time; 70 lease lost while the command ran; 2 usage or configuration error;
 """
 
 
-def _add_lock_command(
-    commands: argparse._SubParsersAction[_Parser],
-    command: str,
-    common: _Parser,
-    **options: Any,
-) -> argparse.ArgumentParser:
-    """The parser of ``aiodlock COMMAND NAME ...``, a command on the lock NAME."""
-    parser = commands.add_parser(command, parents=[common], **options)
-    parser.add_argument("name", metavar="NAME", help="the lock name")
-    return parser
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``aiodlock`` command."""
-    common = _Parser(add_help=False)
-    group = common.add_argument_group("lock service")
-    group.add_argument(
-        "--url",
-        dest="sub_url",
-        metavar="URL",
-        help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
-    )
-    group.add_argument(
-        "--namespace",
-        dest="sub_namespace",
-        metavar="NS",
-        help="key prefix that separates applications on one server (default: aiodlock)",
-    )
-    group.add_argument(
-        "-v",
-        "--verbose",
-        dest="sub_verbose",
-        action="store_true",
-        default=None,
-        help="say what happens (acquired, released, tokens) on stderr",
-    )
-
     parser = _Parser(
         prog="aiodlock",
         description=_DESCRIPTION,
@@ -115,50 +79,62 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
-    parser.add_argument("--url", metavar="URL", help="lock service URL (see above)")
-    parser.add_argument(
-        "--namespace", metavar="NS", help="key prefix of every lock (default: aiodlock)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="say what happens")
+    # The lock service's options, before the command and after it (the parent ``common``,
+    # which sets only what is given there: after wins).
+    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    for options in (parser, common.add_argument_group("lock service")):
+        options.add_argument(
+            "--url",
+            metavar="URL",
+            help="lock service URL (default: $AIODLOCK_URL, else the embedded SQLite file)",
+        )
+        options.add_argument(
+            "--namespace",
+            metavar="NS",
+            help="key prefix that separates applications on one server (default: aiodlock)",
+        )
+        options.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="say what happens (acquired, released, tokens) on stderr",
+        )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
     )
     commands.required = True
 
-    run = _add_lock_command(
-        commands,
+    run = commands.add_parser(
         "run",
-        common,
+        parents=[common],
         usage="aiodlock run [options] NAME -- COMMAND [ARGS...]",
         help="run a command while holding a lock (like flock(1), across hosts)",
         description=(
-            "Acquire the lock NAME, run COMMAND while holding it, release it when COMMAND "
-            "ends. The exit status is the command's (128+N if it died of signal N). While "
-            "the command runs a watchdog renews the lease; if the lease is lost anyway "
-            "(server unreachable for too long, --ttl ran out, force-released) the command "
-            "gets SIGTERM, then SIGKILL after --grace seconds, and aiodlock exits 70. "
-            "SIGINT, SIGTERM and SIGHUP sent to aiodlock are passed on to the command. "
-            "The command sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
+            "Acquire the lock NAME, run COMMAND while holding it (a watchdog renews the "
+            "lease), release it when COMMAND ends. If the lease is lost (server unreachable "
+            "for too long, --ttl ran out, force-released) the command gets SIGTERM, then "
+            "SIGKILL after --grace seconds; aiodlock exits 70 whenever the lease was lost "
+            "before the command ended. SIGINT, SIGTERM and SIGHUP are passed on to the "
+            "command, which sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
             "AIODLOCK_OWNER in its environment."
         ),
         epilog=(
             "exit statuses: the command's; 75 not acquired within --timeout (the command "
-            "did not run); 70 lease lost (the command was stopped); 126/127 the command "
+            "did not run); 70 lease lost before the command ended; 126/127 the command "
             "could not be executed / was not found; 2 usage or configuration error; 69 "
             "lock service unavailable; 128+N signal N arrived before the command started."
         ),
     )
+    run.add_argument("name", metavar="NAME", help="the lock name")
     run.add_argument(
         "--timeout",
         type=_seconds,
-        default=None,
         metavar="S",
         help="give up (exit 75) after S seconds; 0 tries once (default: wait forever)",
     )
     run.add_argument(
         "--ttl",
         type=_positive_seconds,
-        default=None,
         metavar="S",
         help=(
             "fixed lease of S seconds, never renewed: the command is stopped when it runs "
@@ -172,17 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="after a lost lease, seconds between SIGTERM and SIGKILL (default: 5)",
     )
-    run.add_argument(
-        "command_args",
-        nargs="*",
-        metavar="COMMAND",
-        help="the command and its arguments, after --",
-    )
+    run.add_argument("command_args", nargs="*", metavar="COMMAND", help="the command, after --")
 
-    status = _add_lock_command(
-        commands,
+    status = commands.add_parser(
         "status",
-        common,
+        parents=[common],
         help="show who holds a lock (exit 0 held, 1 free)",
         description=(
             "Show the holder of the lock NAME (its owner string), its fencing token, the "
@@ -190,20 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
             "Exits 0 when the lock is held and 1 when it is free."
         ),
     )
+    status.add_argument("name", metavar="NAME", help="the lock name")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
-    release = _add_lock_command(
-        commands,
+    release = commands.add_parser(
         "release",
-        common,
+        parents=[common],
         help="break a lock whoever holds it (needs --force)",
         description=(
             "Break the lock NAME whoever holds it (an admin operation). The holder is no "
-            "longer protected: it notices the loss at its next renewal (an `aiodlock run` "
-            "holder then stops its command). Exits 0 when a lock was broken, 1 when NAME "
-            "was not held, 2 without --force."
+            "longer protected: it notices the loss at its next renewal or release (an "
+            "`aiodlock run` holder then stops its command, or exits 70). Exits 0 when a "
+            "lock was broken, 1 when NAME was not held, 2 without --force."
         ),
     )
+    release.add_argument("name", metavar="NAME", help="the lock name")
     release.add_argument("--force", action="store_true", help="really break the lock (required)")
 
     demo = commands.add_parser(
@@ -211,14 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="N processes contend for one lock; checks mutual exclusion and tokens",
         description=(
-            "Start N worker processes that contend for ONE lock: each loops acquire, a "
-            "short critical section (1-3 ms), release. Every worker creates a marker file "
-            "with O_CREAT|O_EXCL on entry and removes it on exit, and records monotonic "
-            "enter/exit times with its fencing token. The report gives acquisitions, "
-            "overlaps seen (must be 0), whether tokens strictly increase in the order of "
-            "entry, wait times and hand-off gaps. Exits 1 if an overlap or a token out of "
-            f"order was seen. Uses the namespace {DEMO_NAMESPACE!r} unless --namespace is "
-            "given, so it never touches your own locks."
+            "Start N worker processes that contend for ONE lock, each looping acquire, a "
+            "short critical section (--hold-ms) with a marker file created O_CREAT|O_EXCL, "
+            "release. The report gives acquisitions, overlaps seen (must be 0), whether "
+            "tokens strictly increase in entry order, wait times and hand-off gaps; exit 1 "
+            f"if an overlap or a token out of order was seen. Uses the namespace "
+            f"{DEMO_NAMESPACE} unless --namespace is given: it never touches your locks."
         ),
     )
     demo.add_argument(
@@ -226,16 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop = demo.add_mutually_exclusive_group()
     stop.add_argument(
-        "--duration",
-        type=_positive_seconds,
-        default=None,
-        metavar="S",
-        help="contend for S seconds (default: 3)",
+        "--duration", type=_positive_seconds, metavar="S", help="contend for S seconds (default: 3)"
     )
     stop.add_argument(
         "--rounds",
         type=_positive_int,
-        default=None,
         metavar="N",
         help="each worker acquires N times instead of a fixed duration",
     )
@@ -250,17 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--name", default=DEMO_LOCK, help=f"lock name (default: {DEMO_LOCK})")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    # The worker half of ``demo``; not listed in the help.
-    worker = commands.add_parser("_demo-worker", parents=[common])
-    worker.add_argument("--index", type=int, required=True)
-    worker.add_argument("--name", required=True)
-    worker.add_argument("--marker-dir", required=True)
-    worker.add_argument("--rounds", type=int, default=0)
-    worker.add_argument("--hold-ms", type=float, nargs=2, default=(1.0, 3.0))
+    commands.add_parser("_demo-worker", parents=[common])  # demo's worker (not in the help)
     return parser
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     # ``run NAME [options] -- COMMAND ...``: everything after the first ``--`` that follows
     # ``run`` is the command, verbatim (argparse would otherwise read its options).
     tail: list[str] | None = None
@@ -273,9 +231,4 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             args = parser.parse_args([*argv, "--", *tail])
         else:
             args.command_args = [*args.command_args, *tail]
-    # Common options are accepted before and after the command; after wins.
-    for option in ("url", "namespace", "verbose"):
-        after = getattr(args, f"sub_{option}", None)
-        if after is not None:
-            setattr(args, option, after)
     return args

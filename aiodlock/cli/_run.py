@@ -9,7 +9,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 
@@ -20,22 +20,18 @@ from ._common import (
     EX_LOST,
     EX_NOT_EXECUTABLE,
     EX_TEMPFAIL,
-    _Exit,
-    _make_client,
-    _say,
+    Exit,
+    make_client,
+    say,
 )
-
-_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _terminal_sends_to_child() -> bool:
     """Did a keyboard SIGINT also reach the child (same foreground process group)?"""
     for fd in (0, 1, 2):
-        try:
+        with contextlib.suppress(OSError):
             if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
                 return True
-        except OSError:
-            continue
     return False
 
 
@@ -45,7 +41,7 @@ def _exit_status(returncode: int) -> int:
 
 @dataclasses.dataclass
 class _Signals:
-    """Signals that reached ``aiodlock run``, and what to do with them."""
+    """SIGINT, SIGTERM and SIGHUP that reached ``aiodlock run``, and what to do with them."""
 
     cancel_wait: anyio.CancelScope
     child: asyncio.subprocess.Process | None = None
@@ -55,46 +51,35 @@ class _Signals:
         if self.received is None:
             self.received = signum
         child = self.child
-        if child is None:
-            # Still connecting or waiting for the lock: give up, the command never runs.
+        if child is None:  # still connecting or waiting: give up, the command never runs
             self.cancel_wait.cancel()
-            return
-        if child.returncode is not None:
-            return
-        if signum == signal.SIGINT and _terminal_sends_to_child():
-            return  # the terminal sent it to the whole foreground group already
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+        elif child.returncode is None and not (
+            signum == signal.SIGINT and _terminal_sends_to_child()  # it has it already
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        with contextlib.ExitStack() as installed:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self.handle, int(sig))
+                    installed.callback(loop.remove_signal_handler, sig)
+            yield
 
 
-@contextlib.contextmanager
-def _signal_handlers(handler: Callable[[int], None]) -> Iterator[None]:
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    try:
-        for sig in _FORWARDED_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, handler, int(sig))
-            except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
-                continue
-            installed.append(int(sig))
-        yield
-    finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-
-
-async def _cmd_run(args: argparse.Namespace) -> int:
-    command: list[str] = args.command_args
-    if not command:
-        raise _Exit(
+async def cmd_run(args: argparse.Namespace) -> int:
+    if not args.command_args:
+        raise Exit(
             EX_CONFIG,
             "run: no command given; usage: aiodlock run NAME [options] -- COMMAND [ARGS...]",
         )
     signals = _Signals(anyio.CancelScope())
-    client = _make_client(args)
+    client = make_client(args)
     lock = client.lock(args.name, ttl=args.ttl, timeout=args.timeout, on_lost="ignore")
-    with _signal_handlers(signals.handle):
+    with signals.installed():
         try:
             lease: Lease | None = None
             with signals.cancel_wait:  # a signal before the command starts cancels this
@@ -104,24 +89,32 @@ async def _cmd_run(args: argparse.Namespace) -> int:
                 if lease is not None:
                     await lock.release()
                 received = signals.received or int(signal.SIGINT)
-                raise _Exit(
+                raise Exit(
                     128 + received,
                     f"{signal.Signals(received).name} while waiting for lock "
                     f"{args.name!r}; the command did not run",
                 )
             if args.verbose:
-                _say(f"acquired lock {args.name!r} (token {lease.token}, owner {lease.owner})")
+                say(f"acquired lock {args.name!r} (token {lease.token}, owner {lease.owner})")
             try:
-                return await _supervise(args, command, lease, signals)
+                status = await _supervise(args, lease, signals)
             finally:
-                lost_before_release = lease.lost
                 try:
-                    await lock.release()
+                    await lock.release()  # finds a lease lost since the last renewal
                 except (BackendError, LockLost) as exc:
-                    _say(f"releasing lock {args.name!r} failed ({exc}); it ends with its lease")
+                    say(f"releasing lock {args.name!r} failed ({exc}); it ends with its lease")
                 else:
-                    if args.verbose and not lost_before_release:
-                        _say(f"released lock {args.name!r}")
+                    if args.verbose and not lease.lost:
+                        say(f"released lock {args.name!r}")
+            if status is None:
+                return EX_LOST
+            if lease.lost:  # the command ran unprotected for a while: that is what counts
+                say(
+                    f"lost lock {args.name!r} ({lease.lost_reason}) before the command ended "
+                    f"(its status: {status})"
+                )
+                return EX_LOST
+            return status
         finally:
             await client.close()
 
@@ -137,14 +130,15 @@ async def _acquire(client: Client, lock: Lock, args: argparse.Namespace) -> Leas
         if args.timeout == 0:
             raise LockTimeout(f"lock {args.name!r} is busy")
         holder = await client.status(args.name)
-        _say(
+        say(
             f"waiting for lock {args.name!r}"
             + (f" (held by {holder.owner}, token {holder.token})" if holder else "")
         )
-        timeout = None if args.timeout is None else args.timeout - (time.monotonic() - started)
-        return await lock.acquire(timeout=max(0.0, timeout) if timeout is not None else None)
+        if args.timeout is None:
+            return await lock.acquire()
+        return await lock.acquire(timeout=max(0.0, args.timeout - (time.monotonic() - started)))
     except LockTimeout:
-        raise _Exit(EX_TEMPFAIL, await _busy_message(client, args)) from None
+        raise Exit(EX_TEMPFAIL, await _busy_message(client, args)) from None
 
 
 async def _busy_message(client: Client, args: argparse.Namespace) -> str:
@@ -158,19 +152,17 @@ async def _busy_message(client: Client, args: argparse.Namespace) -> str:
     return f"lock {args.name!r} not acquired within {args.timeout:g} s{holder}; not run"
 
 
-async def _supervise(
-    args: argparse.Namespace, command: list[str], lease: Lease, signals: _Signals
-) -> int:
-    env = dict(os.environ)
-    env["AIODLOCK_NAME"] = args.name
+async def _supervise(args: argparse.Namespace, lease: Lease, signals: _Signals) -> int | None:
+    """The command's exit status; None when a lost lease stopped it (and that was said)."""
+    command: list[str] = args.command_args
+    env = dict(os.environ, AIODLOCK_NAME=args.name, AIODLOCK_OWNER=lease.owner)
     env["AIODLOCK_TOKEN"] = str(lease.token)
-    env["AIODLOCK_OWNER"] = lease.owner
     try:
         child = await asyncio.create_subprocess_exec(*command, env=env)
     except FileNotFoundError:
-        raise _Exit(EX_COMMAND_NOT_FOUND, f"command not found: {command[0]}") from None
+        raise Exit(EX_COMMAND_NOT_FOUND, f"command not found: {command[0]}") from None
     except OSError as exc:
-        raise _Exit(EX_NOT_EXECUTABLE, f"cannot run {command[0]}: {exc.strerror}") from None
+        raise Exit(EX_NOT_EXECUTABLE, f"cannot run {command[0]}: {exc.strerror}") from None
     signals.child = child
     if signals.received is not None:  # arrived while the command was being started
         signals.handle(signals.received)
@@ -178,36 +170,28 @@ async def _supervise(
     lost = asyncio.ensure_future(lease.wait_lost())
     try:
         await asyncio.wait({waiting, lost}, return_when=asyncio.FIRST_COMPLETED)
-        if child.returncode is None or lease.lost:
-            # The lease is gone: the command runs unprotected.  Stop it.
-            reason = lease.lost_reason or "the lease was lost"
-            if child.returncode is None:
-                _say(
-                    f"lost lock {args.name!r} ({reason}); stopping the command "
-                    f"(SIGTERM, SIGKILL after {args.grace:g} s)"
-                )
-                code = await _stop(child, args.grace)
-                _say(f"the command was stopped; its status: {_exit_status(code)}")
-            else:
-                _say(
-                    f"lost lock {args.name!r} ({reason}) before the command ended "
-                    f"(its status: {_exit_status(child.returncode)})"
-                )
-            return EX_LOST
-        return _exit_status(child.returncode)
+        if child.returncode is not None:
+            return _exit_status(child.returncode)
+        # The lease is gone: the command runs unprotected.  Stop it.
+        say(
+            f"lost lock {args.name!r} ({lease.lost_reason}); stopping the command "
+            f"(SIGTERM, SIGKILL after {args.grace:g} s)"
+        )
+        say(f"the command was stopped; its status: {_exit_status(await _stop(child, args))}")
+        return None
     finally:
         for task in (waiting, lost):
             task.cancel()
         if child.returncode is None:  # an error or a cancellation of our own: never orphan
             with anyio.CancelScope(shield=True):
-                await _stop(child, args.grace)
+                await _stop(child, args)
 
 
-async def _stop(child: asyncio.subprocess.Process, grace: float) -> int:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; the child's return code."""
+async def _stop(child: asyncio.subprocess.Process, args: argparse.Namespace) -> int:
+    """SIGTERM, then SIGKILL after ``--grace`` seconds; the child's return code."""
     with contextlib.suppress(ProcessLookupError):
         child.terminate()
-    with anyio.move_on_after(grace):
+    with anyio.move_on_after(args.grace):
         return await child.wait()
     with contextlib.suppress(ProcessLookupError):
         child.kill()

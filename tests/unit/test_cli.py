@@ -226,6 +226,42 @@ def test_password_never_printed(tmp_path: Path) -> None:
         assert "s3cretpw" not in result.stderr + result.stdout
 
 
+def test_a_password_given_as_a_query_option_is_never_printed(tmp_path: Path) -> None:
+    env = _env(tmp_path, None)
+    for url in (
+        "zookeeper://127.0.0.1:1/x?username=alice&password=S3CRET&connect_timeout=0.5",
+        "redis://127.0.0.1:1/0?username=alice&password=S3CRET&connect_timeout=0.5",
+    ):
+        result = run_cli(env, "--url", url, "-v", "status", "x")
+        assert result.returncode == cli.EX_UNAVAILABLE, result.stderr
+        assert "password=***" in result.stderr
+        assert "S3CRET" not in result.stderr + result.stdout
+
+
+def test_a_raw_slash_in_a_password_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    env = _env(tmp_path, None)
+    for url in ("zookeeper://alice:pa/SECRET@h", "redis://alice:pa/SECRET@h:6379/0"):
+        result = run_cli(env, "--url", url, "status", "x")
+        assert result.returncode == cli.EX_CONFIG, result.stderr
+        assert "percent-encoded" in result.stderr
+        for part in ("alice", "pa/", "SECRET", "bad port"):
+            assert part not in result.stderr, result.stderr
+
+
+def test_run_exits_70_when_only_the_release_finds_the_lease_lost(
+    env: dict[str, str], tmp_path: Path, holders: list[Holder]
+) -> None:
+    holder = Holder(env, tmp_path, "gone", "-v")  # watchdog_ttl 30: no renewal for 10 s
+    holders.append(holder)
+    forced = run_cli(env, "release", "gone", "--force")
+    assert forced.returncode == 0, forced.stderr
+    status, err = holder.stop()  # the command ends with 0, before any renewal
+    assert status == cli.EX_LOST, err
+    assert "lost lock 'gone'" in err
+    assert "its status: 0" in err
+    assert "released lock" not in err
+
+
 def test_unusable_sqlite_file_exits_69(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
