@@ -641,35 +641,28 @@ class Client:
         hold.generation += 1
         self._releasing.add(hold)
         try:
-            error: BaseException | None = None
-            released = True
-            try:
-                # Each backend round trip is bounded by op_timeout in the backend itself.
-                released = await started
-            except BackendError as exc:
-                error = exc
-            except BaseException:
-                # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
-                # shielded and bounded, then let the cancellation go on.
-                await self._release_shielded(hold.grant, "releasing")
-                raise
-            if error is not None:
-                # (the server may have done it: a reply lost, a timeout)
-                log.warning(
-                    "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
-                    "stays held until its lease ends",
-                    hold.name,
-                    error,
-                )
-                if raise_errors and not hold.lost:
-                    raise error
-                return
-            if not released and not hold.lost:
+            # Each backend round trip is bounded by op_timeout in the backend itself.
+            if not await started and not hold.lost:
                 self._mark_lost(
                     hold,
                     "the lease had already expired or been taken over at release",
                     at_release=True,
                 )
+        except BackendError as error:
+            # (the server may have done it: a reply lost, a timeout)
+            log.warning(
+                "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
+                "stays held until its lease ends",
+                hold.name,
+                error,
+            )
+            if raise_errors and not hold.lost:
+                raise
+        except BaseException:
+            # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
+            # shielded and bounded, then let the cancellation go on.
+            await self._release_shielded(hold.grant, "releasing")
+            raise
         finally:
             self._releasing.discard(hold)
             if hold.released:
