@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import random
 import struct
@@ -25,7 +24,7 @@ from aiozk.connection import Connection
 from ..._types import monotonic
 from ..._wakeup import Backoff
 
-__all__ = ["CreateContainerRequest", "Disconnected", "Session", "SessionEvent", "WatchCallback"]
+__all__ = ["CreateContainerRequest", "Disconnected", "Session", "WatchCallback"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
@@ -53,18 +52,10 @@ class Disconnected(exc.ZKError):  # type: ignore[misc]
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-class SessionEvent(enum.Enum):
-    SUSPENDED = "suspended"  # the connection is gone; the session lives on for a while
-    RESUMED = "resumed"  # connected again to the same session (nodes and watches kept)
-    #: Nothing heard for a whole session timeout: the session may have expired there (the
-    #: client cannot know), so whatever it held counts as lost.
-    PRESUMED_EXPIRED = "presumed_expired"
-    EXPIRED = "expired"  # the server said so (its ephemeral nodes are deleted)
-    NEW_SESSION = "new_session"  # the first session, or one after an expiry
-
-
-#: ``(event, session_id)``, called synchronously on every state change.
-EventCallback = Callable[[SessionEvent, int], None]
+#: ``(session_id, lost)``, called when a session is established or resumed (``lost`` is
+#: None) or when whatever a session held is lost (``lost`` says why: it expired, or
+#: nothing was heard for a whole session timeout, so it may have expired).
+EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]
 
@@ -80,13 +71,13 @@ def _hex(session_id: int) -> str:
 
 
 class _Connection(Connection):  # type: ignore[misc]
-    """aiozk's connection (kept: the connect handshake, ``send`` for pings and auth, the
-    bookkeeping of pending requests) with batched writes, reply timing and a reader that
-    notices the connection's death at once."""
+    """aiozk's connection (kept: the connect handshake, the bookkeeping of pending
+    requests) with batched writes, reply timing and a reader that notices the connection's
+    death at once."""
 
     def __init__(self, host: str, port: int, session: Session) -> None:
         super().__init__(host, port, session._dispatch, session.op_timeout)
-        self.dead = asyncio.Event()
+        self._next_xid = session._next_xid
         self.last_received = self.last_sent = monotonic()
         #: Send time of the latest request the server answered: the server restarted the
         #: session's expiry timer at or after this moment.
@@ -94,27 +85,20 @@ class _Connection(Connection):  # type: ignore[misc]
         #: xid -> send time, for requests and the (one) ping in flight.
         self._sent: dict[int, float] = {}
 
-    def send(self, request: Any, xid: int | None = None) -> asyncio.Future[Any]:
-        self.last_sent = now = monotonic()
-        if request.special_xid == protocol.PING_XID:
-            self._sent[protocol.PING_XID] = now
-        fut: asyncio.Future[Any] = super().send(request, xid)
-        fut.add_done_callback(_consume)
-        return fut
-
-    def send_batch(self, requests: Sequence[tuple[Any, int]]) -> list[asyncio.Future[Any]]:
-        """Send ``(request, xid)`` pairs in ONE write (one system call, one TCP segment)."""
+    def send_batch(self, requests: Iterable[Any]) -> list[asyncio.Future[Any]]:
+        """Send ``requests`` in ONE write (one system call, one TCP segment)."""
         loop = asyncio.get_running_loop()
         now = monotonic()
         futures: list[asyncio.Future[Any]] = []
         chunks: list[bytes] = []
-        for request, xid in requests:
+        for request in requests:
             fut: asyncio.Future[Any] = loop.create_future()
             fut.add_done_callback(_consume)
             futures.append(fut)
             if self.closing:
                 fut.set_exception(exc.ConnectError(self.host, self.port))
                 continue
+            xid = request.special_xid or self._next_xid()  # a ping's, an auth's, or the next
             payload = request.serialize(xid)
             chunks.append(len(payload).to_bytes(4, "big") + payload)
             # A createContainer reply is parsed as a create2 one, without adding an entry
@@ -123,8 +107,12 @@ class _Connection(Connection):  # type: ignore[misc]
             self.opcode_xref[xid] = (
                 protocol.Create2Request.opcode if opcode == OP_CREATE_CONTAINER else opcode
             )
-            self.pending[xid] = fut
-            self._sent[xid] = now
+            if xid in protocol.SPECIAL_XIDS:
+                self.pending_specials[xid].append(fut)
+            else:
+                self.pending[xid] = fut
+            if xid != protocol.AUTH_XID:  # the server does not restart the session's timer
+                self._sent[xid] = now
         if chunks:
             self.last_sent = now
             try:
@@ -204,14 +192,13 @@ class _Connection(Connection):  # type: ignore[misc]
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.close()
-        self.dead.set()
 
 
 class Session:
     """ONE ZooKeeper session: connects to the hosts in random order, resumes the session
     after a connection loss (the server decides whether it still exists), pings when idle
     for a third of the session timeout, drops a connection silent for two thirds of it,
-    and reports every state change to ``on_event``.
+    and reports a new or resumed session, and a lost one, to ``on_event``.
 
     ``valid_until`` is the client-side bound of the session's life: it certainly lives
     until ``confirmed_at + timeout``, ``confirmed_at`` being the send time of the latest
@@ -299,10 +286,10 @@ class Session:
         self._state_changed.set()
         self._state_changed = asyncio.Event()
 
-    def _emit(self, event: SessionEvent, session_id: int) -> None:
+    def _emit(self, session_id: int, lost: str | None = None) -> None:
         self._wake()
         try:
-            self.on_event(event, session_id)
+            self.on_event(session_id, lost)
         except Exception:  # pragma: no cover - the handler is ours and must not raise
             log.exception("zookeeper: the session event handler failed")
 
@@ -329,13 +316,12 @@ class Session:
         if self._up or session_id != self.session_id or self.closing:
             return
         self.presumed_dead = True
-        log.warning(
-            "zookeeper: no contact with the servers for the session timeout (%g s); "
-            "session %s may have expired",
-            self.timeout,
-            _hex(session_id),
+        lost = (
+            f"no contact with ZooKeeper for the session timeout ({self.timeout:g} s): "
+            f"the session, and the lock with it, may have expired"
         )
-        self._emit(SessionEvent.PRESUMED_EXPIRED, session_id)
+        log.warning("zookeeper: session %s: %s", _hex(session_id), lost)
+        self._emit(session_id, lost)
 
     async def _run(self) -> None:
         """Connect, serve the connection until it dies, again, with the core's backoff
@@ -404,7 +390,7 @@ class Session:
             self._set_expiry_timer(None)
             if old:
                 log.warning("zookeeper: session %s expired", _hex(old))
-                self._emit(SessionEvent.EXPIRED, old)
+                self._emit(old, "the ZooKeeper session expired (its lock nodes were deleted)")
             return "expired"
         self.session_id = response.session_id
         self.password = response.password
@@ -412,7 +398,10 @@ class Session:
         conn.confirmed_at = self._confirmed_at = sent
         conn.start_read_loop()
         for scheme, credentials in self.auth:
-            await conn.send(protocol.AuthRequest(type=0, scheme=scheme, auth=credentials))
+            [auth] = conn.send_batch(
+                [protocol.AuthRequest(type=0, scheme=scheme, auth=credentials)]
+            )
+            await auth
         resumed = old == self.session_id
         self.conn = conn
         self._set_expiry_timer(None)
@@ -427,19 +416,15 @@ class Session:
             self.timeout,
         )
         self._resend_watches(conn)
-        self._emit(SessionEvent.RESUMED if resumed else SessionEvent.NEW_SESSION, self.session_id)
+        self._emit(self.session_id)
         return "ok"
 
     async def _serve(self, conn: _Connection) -> None:
         """Keep ``conn`` alive with pings until it dies, then report the suspension."""
         tick = max(0.02, self.timeout / 12)
         try:
-            while not conn.dead.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(tick):
-                        await conn.dead.wait()
-                if conn.dead.is_set():
-                    break
+            # The reader's task ends when the connection dies.
+            while not (await asyncio.wait({conn.read_loop_task}, timeout=tick))[0]:
                 self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
                 now = monotonic()
                 silent = now - conn.last_received
@@ -453,15 +438,15 @@ class Session:
                     break
                 idle = max(silent, now - conn.last_sent) >= self.timeout / 3
                 if idle and not conn.pending_specials[protocol.PING_XID]:
-                    conn.send(protocol.PingRequest())
+                    conn.send_batch([protocol.PingRequest()])
         finally:
             self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
             conn.kill()
             if self.conn is conn and self._up:
                 self._up = False
+                self._wake()
                 if not self.closing:
                     self._set_expiry_timer(self.valid_until - monotonic())
-                    self._emit(SessionEvent.SUSPENDED, self.session_id)
 
     def _next_xid(self) -> int:
         self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
@@ -471,7 +456,7 @@ class Session:
         if not self.connected:
             raise Disconnected()
         assert self.conn is not None
-        return self.conn.send_batch([(request, self._next_xid()) for request in requests])
+        return self.conn.send_batch(requests)
 
     async def call(self, *requests: Any) -> list[Any]:
         """Send ``requests`` back to back (one round trip); return each one's reply.
@@ -524,7 +509,7 @@ class Session:
             request = protocol.SetWatchesRequest(
                 relative_zxid=self.last_zxid, data_watches=chunk, exist_watches=[], child_watches=[]
             )
-            conn.send_batch([(request, self._next_xid())])
+            conn.send_batch([request])
 
 
 def _chunks(paths: Iterable[str], limit: int) -> Iterator[list[str]]:

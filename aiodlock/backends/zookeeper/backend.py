@@ -33,7 +33,7 @@ from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, trans
 from ._options import DEFAULT_PORT, acl_for, describe, digest_auth
 from ._options import from_url as options_from_url
 from ._paths import basename, escape_segment, order, unescape_segment
-from ._session import EVENT_DELETED, Disconnected, Session, SessionEvent, WatchCallback
+from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -186,21 +186,11 @@ class ZooKeeperBackend(Backend):
         for attempt in self._attempts.values():
             attempt.event.set()
 
-    def _on_session_event(self, event: SessionEvent, session_id: int) -> None:
-        if event is SessionEvent.SUSPENDED:
-            return
-        if self._nodes is not None and event in (SessionEvent.RESUMED, SessionEvent.NEW_SESSION):
+    def _on_session_event(self, session_id: int, lost: str | None) -> None:
+        if lost is not None:
+            self._holds.lose(self._holds.of_session(session_id), lost)
+        elif self._nodes is not None:
             self._nodes.cleanup.kick()  # deletions left to the background: go on now
-        if event is SessionEvent.EXPIRED:
-            reason = "the ZooKeeper session expired (its lock nodes were deleted)"
-            self._holds.lose(self._holds.of_session(session_id), reason)
-        elif event is SessionEvent.PRESUMED_EXPIRED:
-            timeout = self.session.timeout if self.session is not None else 0.0
-            reason = (
-                f"no contact with ZooKeeper for the session timeout ({timeout:g} s): "
-                f"the session, and the lock with it, may have expired"
-            )
-            self._holds.lose(self._holds.of_session(session_id), reason)
         self._wake_attempts()
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
