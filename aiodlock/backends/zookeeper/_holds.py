@@ -68,16 +68,12 @@ class Holds:
         grants = self._grants.values()
         return [g for g in grants if session_id is None or g.data.session_id == session_id]
 
-    def clear(self) -> None:
-        self._grants.clear()
-
     def add(self, grant: Grant, *, armed: bool) -> None:
         """Hold ``grant`` and watch its node, so that a deletion by anyone else is a loss.
 
-        A waiter already set that watch (``armed``).  Otherwise the server-side watch is
-        set ``OWN_WATCH_DELAY`` after the grant: most uncontended critical sections are
-        shorter, and then cost no extra request and no event.  A node deleted before the
-        watch is set is noticed by the reply to the watch request.
+        Unless a waiter set it already (``armed``), the watch is set ``OWN_WATCH_DELAY``
+        after the grant: most uncontended critical sections are shorter, and cost no
+        request for it.  A node deleted before is noticed by the reply to the watch.
         """
         node: Node = grant.data
         assert self.session is not None

@@ -1,11 +1,7 @@
-"""What the lock protocol asks of ZooKeeper's nodes, over one session.
-
-* :func:`translate`: the one place where the driver's exceptions become aiodlock's; a lost
-  connection (:class:`~._session.Disconnected`) is transient;
-* :class:`Nodes`: round trips bounded by ``op_timeout``, and the deletions that must
-  happen: tried through reconnections for ``op_timeout``, then left to the core's
-  guaranteed clean-up (:class:`aiodlock._retry.Guaranteed`) until the node or its session
-  is gone (a lock node left behind would block the lock until its session ends: pitfall 7).
+"""What the lock protocol asks of ZooKeeper's nodes: :func:`translate` (the one place
+where the driver's exceptions become aiodlock's), round trips bounded by ``op_timeout``,
+and the deletions that must happen, left to the core's :class:`~aiodlock._retry.Guaranteed`
+after ``op_timeout`` (a lock node left behind would block the lock: pitfall 7).
 """
 
 from __future__ import annotations
@@ -143,11 +139,8 @@ class Nodes:
         raise last
 
     async def remove(self, path: str, session_id: int, what: str) -> bool:
-        """Delete ``path`` (a node of session ``session_id``) until it or its session is gone.
-
-        Returns whether it was deleted by this call or an earlier unconfirmed try of it.
-        Raises :class:`LeftBehind` when that did not happen within ``op_timeout``.
-        """
+        """Delete ``path`` (of session ``session_id``) until it or its session is gone;
+        whether this call deleted it.  :class:`LeftBehind` after ``op_timeout``."""
         deletion = self._deletion(path, session_id, what)
         return await self._now_or_later((path, ""), deletion, "delete a lock node")
 

@@ -1,11 +1,9 @@
 """ONE ZooKeeper session over a succession of aiozk connections.
 
-aiozk supplies the wire protocol, its exceptions and the connection (subclassed here as
-``_Connection``).  Its ``Session`` / ``ZKClient`` are not used: a lock service needs what
-they do not do (docs/backends/zookeeper.md, "Why not aiozk's session", lists it: resending
-a create makes a second node, a dead or paused server is noticed late or never, a lost
-session is not reported, reconnecting backs off to 60 s, containers and ``addAuth`` are
-missing, watches set to see a deletion are lost on reconnection).
+aiozk supplies the wire protocol, its exceptions and the connection (``_Connection``).
+Its ``Session`` / ``ZKClient`` do not do what a lock service needs (docs/backends/
+zookeeper.md, "Why not aiozk's session": it resends a create, notices a dead server late,
+does not report a lost session, ...).
 """
 
 from __future__ import annotations
@@ -15,25 +13,23 @@ import contextlib
 import logging
 import random
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiozk import exc, protocol
 from aiozk.connection import Connection
 
-from ..._types import monotonic
+from ..._types import CommonConfig, monotonic
 from ..._wakeup import Backoff
 
 __all__ = ["CreateContainerRequest", "Disconnected", "Session", "WatchCallback"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
-#: ZooKeeper's createContainer opcode (aiozk has no request for it); its reply has the
-#: layout of a create2 reply.
-OP_CREATE_CONTAINER = 19
+OP_CREATE_CONTAINER = 19  # (aiozk has no request for it; the reply is a create2 reply)
 EVENT_DELETED: int = protocol.WatchEvent.DELETED
 EVENT_DATA_CHANGED: int = protocol.WatchEvent.DATA_CHANGED
-#: SetWatches requests are split so that one packet stays far below jute.maxbuffer.
+#: Bytes of paths per SetWatches request: one packet stays far below jute.maxbuffer.
 SET_WATCHES_CHUNK = 128 * 1024
 #: xid, zxid, error code: the header of every reply.
 _REPLY_HEADER = struct.Struct("!iqi")
@@ -79,9 +75,7 @@ class _Connection(Connection):  # type: ignore[misc]
         super().__init__(host, port, session._dispatch, session.op_timeout)
         self._next_xid = session._next_xid
         self.last_received = self.last_sent = monotonic()
-        #: Send time of the latest request the server answered: the server restarted the
-        #: session's expiry timer at or after this moment.
-        self.confirmed_at = 0.0
+        self.confirmed_at = 0.0  # send time of the latest request the server answered
         #: xid -> send time, for requests and the (one) ping in flight.
         self._sent: dict[int, float] = {}
 
@@ -122,43 +116,35 @@ class _Connection(Connection):  # type: ignore[misc]
                 self.kill()
         return futures
 
-    async def read_response(self, initial_connect: bool = False) -> Any:
-        """One reply: ``(xid, zxid, response or ResponseError)``.
-
-        Replaces aiozk's, which starts two tasks per reply (``wait_for`` around each
-        read); a silent server is caught by the session's liveness check instead.
-        """
+    async def read_body(self) -> bytes:
+        """One reply, without its length.  (aiozk's reader starts two tasks per reply, a
+        ``wait_for`` around each read; a silent server is caught by the session instead.)"""
         try:
             size = int.from_bytes(await self.reader.readexactly(4), "big", signed=True)
-            body = await self.reader.readexactly(size)
+            body: bytes = await self.reader.readexactly(size)
         except asyncio.IncompleteReadError:
             raise ConnectionAbortedError from None
         self.last_received = monotonic()
-        if initial_connect:
-            return None, None, protocol.ConnectResponse.deserialize(body)
-        xid, zxid, error = _REPLY_HEADER.unpack_from(body)
-        if xid == protocol.WATCH_XID:
-            return xid, zxid, protocol.WatchEvent.deserialize(body[_REPLY_HEADER.size :])
-        opcode = self.opcode_xref.pop(xid, None)
-        if error:
-            response: Any = exc.get_response_error(error)
-        elif opcode is None:
-            raise exc.ZKError(f"reply to an unknown request (xid {xid})")
-        else:
-            response = protocol.response_xref[opcode].deserialize(body[_REPLY_HEADER.size :])
-        sent = self._sent.pop(xid, None)
-        if sent is not None:
-            self.confirmed_at = max(self.confirmed_at, sent)
-        return xid, zxid, response
+        return body
 
     async def read_loop(self) -> None:
         """Hand each reply to its request's future, each event to the session."""
         try:
             while not self.closing:
-                xid, zxid, response = await self.read_response()
+                body = await self.read_body()
+                xid, zxid, error = _REPLY_HEADER.unpack_from(body)
+                body = body[_REPLY_HEADER.size :]
                 if xid == protocol.WATCH_XID:
-                    self.watch_handler(response)
+                    self.watch_handler(protocol.WatchEvent.deserialize(body))
                     continue
+                opcode = self.opcode_xref.pop(xid, None)
+                if error:
+                    response: Any = exc.get_response_error(error)
+                elif opcode is None:
+                    raise exc.ZKError(f"reply to an unknown request (xid {xid})")
+                else:
+                    response = protocol.response_xref[opcode].deserialize(body)
+                self.confirmed_at = max(self.confirmed_at, self._sent.pop(xid, 0.0))
                 if xid in protocol.SPECIAL_XIDS:
                     waiting = self.pending_specials[xid]
                     fut = waiting.pop(0) if waiting else None
@@ -196,30 +182,23 @@ class _Connection(Connection):  # type: ignore[misc]
 
 class Session:
     """ONE ZooKeeper session: connects to the hosts in random order, resumes the session
-    after a connection loss (the server decides whether it still exists), pings when idle
-    for a third of the session timeout, drops a connection silent for two thirds of it,
-    and reports a new or resumed session, and a lost one, to ``on_event``.
-
-    ``valid_until`` is the client-side bound of the session's life: it certainly lives
-    until ``confirmed_at + timeout``, ``confirmed_at`` being the send time of the latest
-    request the server answered.
-    """
+    after a connection loss (if the server still has it), pings when idle for a third of
+    the session timeout, drops a connection silent for two thirds of it, and reports a new
+    or resumed session, and a lost one, to ``on_event``."""
 
     def __init__(
         self,
         hosts: Sequence[tuple[str, int]],
-        *,
         timeout: float,
-        connect_timeout: float,
-        op_timeout: float,
+        config: CommonConfig,
         auth: Sequence[tuple[str, bytes]],
         on_event: EventCallback,
     ) -> None:
         self.hosts = list(hosts)
         #: The requested session timeout, replaced by the one the server negotiated.
         self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.op_timeout = op_timeout
+        self.connect_timeout = config.connect_timeout
+        self.op_timeout = config.op_timeout
         self.auth = list(auth)
         self.on_event = on_event
         self.session_id = 0
@@ -227,12 +206,9 @@ class Session:
         self.last_zxid = 0
         self.conn: _Connection | None = None
         self.closing = False
-        #: The session task's view: a session is established on ``conn``.
-        self._up = False
-        #: True once the session was presumed expired, until the server confirms it.
-        self.presumed_dead = False
-        #: Path -> callbacks of the data watches set on it.
-        self.watches: dict[str, set[WatchCallback]] = {}
+        self._up = False  # the session task's view: a session is established on conn
+        self.presumed_dead = False  # presumed expired, until the server confirms it
+        self.watches: dict[str, set[WatchCallback]] = {}  # path -> data watch callbacks
         self._xid = 0
         self._confirmed_at = 0.0
         self._state_changed = asyncio.Event()
@@ -275,7 +251,8 @@ class Session:
 
     @property
     def valid_until(self) -> float:
-        """Until when (monotonic) the session certainly lives on the server."""
+        """Until when (monotonic) the session certainly lives on the server: the server
+        restarted its expiry timer after the send time of the latest request it answered."""
         return self._confirmed_at + self.timeout
 
     def usable(self, session_id: int) -> bool:
@@ -346,9 +323,7 @@ class Session:
                 try:
                     async with asyncio.timeout(per_host):
                         await conn.connect()
-                        if conn.start_read_only:
-                            log.debug("zookeeper: %s:%s is read-only", host, port)
-                        else:
+                        if not conn.start_read_only:  # (a read-only server is passed over)
                             outcome = await self._establish(conn)
                 except exc.ResponseError as error:  # e.g. AuthFailed
                     log.warning("zookeeper: %s:%s refused the session: %s", host, port, error)
@@ -362,9 +337,8 @@ class Session:
                 if outcome != "expired":
                     break
         if self.session_id and monotonic() > self.valid_until + self.timeout:
-            # Nothing answered for long (e.g. the servers were wiped and started again):
-            # the old session cannot exist any more; forget the last zxid so that a server
-            # with a shorter history accepts us.
+            # The old session cannot exist any more (were the servers wiped?): forget the
+            # last zxid so that a server with a shorter history accepts us.
             self.last_zxid = 0
         return None
 
@@ -381,7 +355,7 @@ class Session:
         )
         payload = request.serialize()
         conn.writer.write(len(payload).to_bytes(4, "big") + payload)
-        _, _, response = await conn.read_response(initial_connect=True)
+        response = protocol.ConnectResponse.deserialize(await conn.read_body())
         old = self.session_id
         if response.session_id == 0:
             # The server no longer knows the session: its ephemeral nodes are gone.
@@ -420,10 +394,9 @@ class Session:
         return "ok"
 
     async def _serve(self, conn: _Connection) -> None:
-        """Keep ``conn`` alive with pings until it dies, then report the suspension."""
+        """Keep ``conn`` alive with pings until it dies (its reader's task ends)."""
         tick = max(0.02, self.timeout / 12)
         try:
-            # The reader's task ends when the connection dies.
             while not (await asyncio.wait({conn.read_loop_task}, timeout=tick))[0]:
                 self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
                 now = monotonic()
@@ -459,12 +432,10 @@ class Session:
         return self.conn.send_batch(requests)
 
     async def call(self, *requests: Any) -> list[Any]:
-        """Send ``requests`` back to back (one round trip); return each one's reply.
+        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError).
 
-        A request the server refused gives its ``aiozk.exc.ResponseError`` in the list.
-        Raises :class:`Disconnected` if the connection is or gets lost (the writes may or
-        may not have been applied).  The server runs one session's requests in order, so
-        a read placed after a write sees that write.
+        Raises :class:`Disconnected` if the connection is or gets lost.  The server runs a
+        session's requests in order: a read placed after a write sees that write.
         """
         results: list[Any] = []
         for fut in self._send(*requests):
@@ -496,31 +467,24 @@ class Session:
                 del self.watches[path]
 
     def _dispatch(self, event: Any) -> None:
-        if event.type not in (EVENT_DELETED, EVENT_DATA_CHANGED):
-            log.debug("zookeeper: ignored event %r", event)
-            return
-        loop = asyncio.get_running_loop()
-        for callback in list(self.watches.get(event.path, ())):
-            loop.call_soon(callback, event.type)
+        if event.type in (EVENT_DELETED, EVENT_DATA_CHANGED):  # the only watches set
+            loop = asyncio.get_running_loop()
+            for callback in list(self.watches.get(event.path, ())):
+                loop.call_soon(callback, event.type)
 
     def _resend_watches(self, conn: _Connection) -> None:
-        """Register every data watch again after a reconnect (fired if the node changed)."""
-        for chunk in _chunks(sorted(self.watches), SET_WATCHES_CHUNK):
+        """Set every data watch again after a reconnect (it fires if the node changed)."""
+        chunks: list[list[str]] = [[]]
+        size = 0
+        for path in sorted(self.watches):
+            length = len(path.encode("utf-8", "surrogatepass")) + 4
+            if chunks[-1] and size + length > SET_WATCHES_CHUNK:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(path)
+            size += length
+        for chunk in filter(None, chunks):
             request = protocol.SetWatchesRequest(
                 relative_zxid=self.last_zxid, data_watches=chunk, exist_watches=[], child_watches=[]
             )
             conn.send_batch([request])
-
-
-def _chunks(paths: Iterable[str], limit: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    size = 0
-    for path in paths:
-        length = len(path.encode("utf-8", "surrogatepass")) + 4
-        if chunk and size + length > limit:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(path)
-        size += length
-    if chunk:
-        yield chunk

@@ -25,13 +25,12 @@ from ..._errors import BackendError, BackendTimeout
 from ..._retry import retrying
 from ..._types import Busy, Capability, CommonConfig, Grant, LockStatus, LostCallback, Request
 from ..._types import monotonic as monotonic
-from ..._url import ParsedURL
+from ..._url import ParsedURL, take_float
 from ..._wakeup import Wakeup
 from .._base import Backend
 from ._holds import Holds, Node
 from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._options import DEFAULT_PORT, acl_for, describe, digest_auth
-from ._options import from_url as options_from_url
+from ._options import acl_for, describe, parse_url
 from ._paths import basename, escape_segment, order, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
@@ -77,33 +76,18 @@ class ZooKeeperBackend(Backend):
         | Capability.CROSS_PROCESS
     )
 
-    def __init__(
-        self,
-        config: CommonConfig,
-        *,
-        hosts: Sequence[tuple[str, int]] = (("127.0.0.1", DEFAULT_PORT),),
-        chroot: str = "",
-        session_timeout: float | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        acl: str | Sequence[Any] = "open",
-        scheme: str = "zookeeper",
-    ) -> None:
+    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
         self.config = config
-        self.hosts = list(hosts)
-        self.chroot = chroot
-        #: The session timeout asked for (the server may negotiate another one).
-        self.requested_session_timeout = (
-            session_timeout if session_timeout is not None else config.watchdog_ttl
-        )
-        self.username = username
-        self._scheme = scheme
+        self._scheme, self.hosts, self.chroot, self.username, password = parse_url(url, options)
+        timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
+        assert timeout is not None
+        self.requested_session_timeout = timeout  # the server may negotiate another one
         #: The ACL of the nodes this client creates: a preset's name, or "custom".
-        self.acl_name, self.acl = acl_for(acl, username)
+        self.acl_name, self.acl = acl_for(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
-        self.auth = digest_auth(username, password)
+        self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
         self._secrets = (password,) if password else ()
-        self._locks = f"{chroot}/{escape_segment(config.namespace)}/locks"
+        self._locks = f"{self.chroot}/{escape_segment(config.namespace)}/locks"
         #: The ZooKeeper session (None while the backend is not open).
         self.session: Session | None = None
         self._nodes: Nodes | None = None
@@ -114,7 +98,7 @@ class ZooKeeperBackend(Backend):
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        return cls(config, **options_from_url(url, config, options))
+        return cls(config, url, options)
 
     def describe(self) -> str:
         return describe(self._scheme, self.username, self.hosts, self.chroot)
@@ -149,11 +133,10 @@ class ZooKeeperBackend(Backend):
         self._closing = False
         self.session = self._holds.session = session = Session(
             self.hosts,
-            timeout=self.requested_session_timeout,
-            connect_timeout=self.config.connect_timeout,
-            op_timeout=self.config.op_timeout,
-            auth=self.auth,
-            on_event=self._on_session_event,
+            self.requested_session_timeout,
+            self.config,
+            self.auth,
+            self._on_session_event,
         )
         self._nodes = Nodes(session, self._locks, self.acl, self.config.op_timeout, self._secrets)
         with self._translate("connect"):
@@ -177,7 +160,6 @@ class ZooKeeperBackend(Backend):
         self._holds.session = None
         if session is not None:
             await session.close(self.config.op_timeout)  # the server deletes its nodes at once
-        self._holds.clear()
         self._wake_attempts()
         self._attempts.clear()
 
@@ -379,12 +361,10 @@ class ZooKeeperBackend(Backend):
     ) -> bool:
         """Sleep until ``predecessor`` changes, our node or the session does, or ``deadline``.
 
-        Returns True when the lock is ours without listing again: the deleted predecessor
-        was the holder, because it was first in our listing (``first_in_line``) or was a
-        grant of this backend (then it was the lowest node: nothing below it can come
-        back).  Nobody can have come in between: a node created after our listing has a
-        higher sequence number than ours.  The watch on our own node (set here, in the
-        same round trip) tells if our node went.
+        True when the lock is ours without listing again: the deleted predecessor was the
+        holder (first in our listing, or a grant of this backend: the lowest node then,
+        nothing below it can come back), and a node created after our listing is behind
+        ours.  A watch on our own node, set in the same round trip, tells if it went.
         """
         deleted = False
         was_holder = first_in_line
