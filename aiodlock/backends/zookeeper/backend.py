@@ -23,8 +23,16 @@ from aiozk import exc, protocol
 
 from ..._errors import BackendError, BackendTimeout
 from ..._retry import retrying
-from ..._types import Busy, Capability, CommonConfig, Grant, LockStatus, LostCallback, Request
-from ..._types import monotonic as monotonic
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    monotonic,
+)
 from ..._url import ParsedURL, take_float
 from ..._wakeup import Wakeup
 from .._base import Backend
