@@ -1,10 +1,10 @@
 """The leases a client holds: each one's node, the holder's watch on it, the loss report.
 
-A holder learns that its node was deleted by someone else (``force_release``, an
-administrator) from a watch on its own node; the loss goes to the core's callback.  The
-nodes of the grants that ended lately are remembered: a waiter right behind one of them
-knows, when it is deleted, that the lock is its own (a granted node was the lowest:
-nothing below it can come back), without listing the queue again.
+A holder learns from a watch on its own node that someone else deleted it
+(``force_release``, an administrator); the loss goes to the core's callback.  The nodes of
+grants that ended lately are remembered: a waiter right behind one of them knows, when it
+is deleted, that the lock is its own (a granted node was the lowest: nothing below it can
+come back), without listing the queue again.
 """
 
 from __future__ import annotations
@@ -49,10 +49,8 @@ class Holds:
     """Path -> grant for every lease of one backend, in the backend's ``session``."""
 
     def __init__(self) -> None:
-        #: The backend's session (None while it is not open).
-        self.session: Session | None = None
-        #: The core's callback for lost leases (given to the backend's ``open()``).
-        self.on_lost: LostCallback | None = None
+        self.session: Session | None = None  # None while the backend is not open
+        self.on_lost: LostCallback | None = None  # the core's, given to the backend's open()
         self._grants: dict[str, Grant] = {}
         #: Nodes of this backend's grants that ended lately (path -> None, oldest first).
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -70,16 +68,12 @@ class Holds:
         grants = self._grants.values()
         return [g for g in grants if session_id is None or g.data.session_id == session_id]
 
-    def clear(self) -> None:
-        self._grants.clear()
-
     def add(self, grant: Grant, *, armed: bool) -> None:
         """Hold ``grant`` and watch its node, so that a deletion by anyone else is a loss.
 
-        A waiter already set that watch (``armed``).  Otherwise the server-side watch is
-        set ``OWN_WATCH_DELAY`` after the grant: most uncontended critical sections are
-        shorter, and then cost no extra request and no event.  A node deleted before the
-        watch is set is noticed by the reply to the watch request.
+        Unless a waiter set it already (``armed``), the watch is set ``OWN_WATCH_DELAY``
+        after the grant: most uncontended critical sections are shorter, and cost no
+        request for it.  A node deleted before is noticed by the reply to the watch.
         """
         node: Node = grant.data
         assert self.session is not None
@@ -123,8 +117,8 @@ class Holds:
             return
         fut = self.session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
         if fut is not None:
-            # If this is lost with the connection, the watch is registered again on
-            # reconnection (the path stays in the session's watch table).
+            # Lost with the connection, the watch is set again on reconnection (the path
+            # stays in the session's watch table).
             fut.add_done_callback(functools.partial(self._own_watch_reply, grant))
 
     def _own_watch_reply(self, grant: Grant, fut: asyncio.Future[Any]) -> None:
@@ -132,12 +126,10 @@ class Holds:
             self._vanished(grant)
 
     def _own_node_event(self, grant: Grant, event_type: int) -> None:
-        if not self.holds(grant):
-            return
         if event_type == EVENT_DATA_CHANGED:
             self._send_own_watch(grant)  # a watch fires once: set it again
-            return
-        self._vanished(grant)
+        else:
+            self._vanished(grant)
 
     def _vanished(self, grant: Grant) -> None:
         node: Node = grant.data

@@ -1,12 +1,7 @@
-"""What the lock protocol asks of ZooKeeper's nodes, over one session.
-
-* :func:`translate`: the one place where the driver's exceptions become aiodlock's; a lost
-  connection (:class:`~._session.Disconnected`) is transient;
-* :class:`Nodes`: round trips bounded by ``op_timeout`` (listing, deleting children, making
-  the lock node and the nodes above it), and the deletions that must happen: tried through
-  reconnections for ``op_timeout``, then left to the core's guaranteed clean-up
-  (:class:`aiodlock._retry.Guaranteed`), which goes on until the node or its session is
-  gone (a lock node left behind would block the lock until its session ends: pitfall 7).
+"""What the lock protocol asks of ZooKeeper's nodes: :func:`translate` (the one place
+where the driver's exceptions become aiodlock's), round trips bounded by ``op_timeout``,
+and the deletions that must happen, left to the core's :class:`~aiodlock._retry.Guaranteed`
+after ``op_timeout`` (a lock node left behind would block the lock: pitfall 7).
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from aiozk import exc, protocol
 from ..._errors import BackendError, BackendTimeout, translating
 from ..._retry import Guaranteed
 from ..._types import monotonic
+from ._paths import Child, order
 from ._session import CreateContainerRequest, Disconnected, Session
 
 __all__ = ["LeftBehind", "Nodes", "Raced", "found", "raced", "reconnectable", "translate"]
@@ -56,7 +52,6 @@ def found(reply: Any) -> Any:
 
 @contextlib.contextmanager
 def translate(what: str, secrets: tuple[str, ...] = ()) -> Iterator[None]:
-    """The one place where driver exceptions become BackendError / BackendTimeout."""
     with translating(
         "zookeeper",
         (exc.ZKError,),
@@ -75,7 +70,6 @@ class Nodes:
         self,
         session: Session,
         locks: str,
-        *,
         acl: Sequence[Any],
         op_timeout: float,
         secrets: tuple[str, ...],
@@ -104,11 +98,15 @@ class Nodes:
         async with asyncio.timeout(self.op_timeout):
             return await self.session.call(*requests)
 
-    async def children(self, parent: str) -> list[str] | None:
-        """The children of ``parent`` (None when it does not exist)."""
+    async def children(self, parent: str) -> list[str]:
+        """The children of ``parent`` ([] when it does not exist)."""
         [result] = await self.call(protocol.GetChildrenRequest(path=parent, watch=False))
-        children: list[str] | None = None if found(result) is None else result.children
+        children: list[str] = [] if found(result) is None else result.children
         return children
+
+    async def queue(self, parent: str) -> list[Child]:
+        """The lock ``parent``'s queue, the holder first."""
+        return order(await self.children(parent))
 
     async def delete_children(self, parent: str, names: Sequence[str]) -> None:
         """Delete ``parent``'s children ``names`` (one round trip; gone already is fine)."""
@@ -118,8 +116,7 @@ class Nodes:
             *(protocol.DeleteRequest(path=f"{parent}/{name}", version=-1) for name in names)
         )
         for result in results:
-            if isinstance(result, Exception) and not isinstance(result, exc.NoNode):
-                raise result
+            found(result)
 
     async def make_parents(self, parent: str) -> None:
         """Create the lock node and the nodes above it (NodeExists is fine)."""
@@ -141,14 +138,9 @@ class Nodes:
                     raise result
         raise last
 
-    # -- deletions that must happen ----------------------------------------------------------
-
     async def remove(self, path: str, session_id: int, what: str) -> bool:
-        """Delete ``path`` (a node of session ``session_id``) until it or its session is gone.
-
-        Returns whether it was deleted by this call or an earlier unconfirmed try of it.
-        Raises :class:`LeftBehind` when that did not happen within ``op_timeout``.
-        """
+        """Delete ``path`` (of session ``session_id``) until it or its session is gone;
+        whether this call deleted it.  :class:`LeftBehind` after ``op_timeout``."""
         deletion = self._deletion(path, session_id, what)
         return await self._now_or_later((path, ""), deletion, "delete a lock node")
 
@@ -164,7 +156,7 @@ class Nodes:
                 if self.session.session_id == session_id:
                     children = await self.children(parent)
                     await self.delete_children(
-                        parent, [c for c in children or () if c.startswith(prefix)]
+                        parent, [c for c in children if c.startswith(prefix)]
                     )
 
         await self._now_or_later((parent, prefix), sweep, "clean up a lock attempt")

@@ -1,4 +1,4 @@
-"""The backend's options: URL and keyword options, digest credentials, ACLs, ``describe()``."""
+"""The backend's options: the URL, digest credentials, ACLs, ``describe()``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from urllib.parse import quote
 from aiozk import ACL, protocol
 
 from ..._errors import ConfigurationError
-from ..._types import CommonConfig
-from ..._url import ParsedURL, take_float, take_str
+from ..._url import ParsedURL, take_str
 from ._paths import parse_chroot
 
-__all__ = ["ACL_PRESETS", "DEFAULT_PORT", "acl_for", "describe", "digest_auth", "from_url"]
+__all__ = ["ACL_PRESETS", "DEFAULT_PORT", "acl_for", "describe", "parse_url"]
 
 DEFAULT_PORT = 2181
 
@@ -27,8 +26,10 @@ ACL_PRESETS: dict[str, list[Any]] = {
 }
 
 
-def from_url(url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``ZooKeeperBackend(config, ...)`` for ``url`` and ``options``."""
+def parse_url(
+    url: ParsedURL, options: dict[str, Any]
+) -> tuple[str, list[tuple[str, int]], str, str | None, str | None]:
+    """``(scheme, hosts, chroot, username, password)`` from ``url`` and ``options``."""
     if url.scheme not in ("zookeeper", "zk"):
         raise ConfigurationError(f"not a ZooKeeper URL scheme: {url.scheme!r}")
     hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
@@ -42,30 +43,19 @@ def from_url(url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> d
         )
     if username is not None and ":" in username:
         raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
-    session_timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
-    acl = options.pop("acl", "open")
-    if not isinstance(acl, str) and not isinstance(acl, list | tuple):
-        raise ConfigurationError(
-            f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
-        )
-    return {
-        "hosts": hosts,
-        "chroot": chroot,
-        "session_timeout": session_timeout,
-        "username": username,
-        "password": password,
-        "acl": acl,
-        "scheme": url.scheme,
-    }
+    return url.scheme, hosts, chroot, username, password
 
 
-def acl_for(acl: str | Sequence[Any], username: str | None) -> tuple[str, list[Any]]:
+def acl_for(acl: Any, username: str | None) -> tuple[str, list[Any]]:
     """``(name, ACL list)`` of the nodes a client creates: a preset, or ``"custom"``."""
     if not isinstance(acl, str):
-        custom = list(acl)
-        if not custom or not all(isinstance(item, ACL) for item in custom):
+        if not isinstance(acl, list | tuple):
+            raise ConfigurationError(
+                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
+            )
+        if not acl or not all(isinstance(item, ACL) for item in acl):
             raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
-        return "custom", custom
+        return "custom", list(acl)
     if acl not in ACL_PRESETS:
         raise ConfigurationError(
             f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
@@ -76,13 +66,6 @@ def acl_for(acl: str | Sequence[Any], username: str | None) -> tuple[str, list[A
             f"acl={acl!r} needs digest credentials (zookeeper://USER:PASSWORD@...)"
         )
     return acl, list(ACL_PRESETS[acl])
-
-
-def digest_auth(username: str | None, password: str | None) -> list[tuple[str, bytes]]:
-    """The ``addAuth`` requests sent on every connection: ``(scheme, credentials)``."""
-    if username is None or password is None:
-        return []
-    return [("digest", f"{username}:{password}".encode())]
 
 
 def describe(

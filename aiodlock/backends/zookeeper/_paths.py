@@ -23,12 +23,8 @@ _SAFE = "-_.~:"  # kept as they are, with letters and digits; everything else is
 
 
 def escape_segment(text: str) -> str:
-    """``text`` as ONE ZooKeeper path segment: UTF-8 percent-encoding, injective.
-
-    Letters, digits and ``-_.~:`` stay readable; ``/``, ``%``, ``#``, spaces, control
-    characters, NUL and every non-ASCII character become ``%XX`` bytes (lone surrogates
-    too), and a leading ``.`` is escaped so that a segment is never ``.`` or ``..``.
-    """
+    """``text`` as ONE path segment (injective): UTF-8 percent-encoding but for letters,
+    digits and ``-_.~:``, and a leading ``.`` escaped (a segment is never ``.`` or ``..``)."""
     encoded = quote(text.encode("utf-8", "surrogatepass"), safe=_SAFE)
     if encoded.startswith("."):
         encoded = "%2E" + encoded[1:]
@@ -66,9 +62,8 @@ def parse_child(name: str) -> Child | None:
 def order(names: Iterable[str]) -> list[Child]:
     """The lock queue: children by sequence number, the holder first.
 
-    Sequence numbers come from the parent's 32-bit child-version counter, which goes
-    negative past 2**31 and wraps around past 2**32; the queue starts after the widest
-    gap between neighbouring numbers, so the order stays right across the wrap.
+    Sequence numbers come from the parent's 32-bit counter, which wraps around; the queue
+    starts after the widest gap between neighbours, so the order stays right across it.
     """
     children = sorted(
         (child for child in map(parse_child, names) if child is not None),

@@ -1,48 +1,35 @@
 """ONE ZooKeeper session over a succession of aiozk connections.
 
-aiozk supplies the wire protocol, its exceptions and the connection (subclassed here as
-``_Connection``); its ``Session`` is not used (see :class:`Session` for why).  The backend
-(:mod:`.backend`) sends requests through :meth:`Session.call` and hears of state changes
-through the ``on_event`` callback.
+aiozk supplies the wire protocol, its exceptions and the connection (``_Connection``).
+Its ``Session`` / ``ZKClient`` do not do what a lock service needs (docs/backends/
+zookeeper.md, "Why not aiozk's session": it resends a create, notices a dead server late,
+does not report a lost session, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import enum
 import logging
 import random
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiozk import exc, protocol
 from aiozk.connection import Connection
 
-from ..._types import monotonic
+from ..._types import CommonConfig, monotonic
 from ..._wakeup import Backoff
 
-__all__ = [
-    "EVENT_DATA_CHANGED",
-    "EVENT_DELETED",
-    "CreateContainerRequest",
-    "Disconnected",
-    "EventCallback",
-    "Session",
-    "SessionEvent",
-    "WatchCallback",
-]
+__all__ = ["CreateContainerRequest", "Disconnected", "Session", "WatchCallback"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
-#: ZooKeeper's createContainer opcode (aiozk has no request class for it); its reply has
-#: the layout of a create2 reply.
-OP_CREATE_CONTAINER = 19
+OP_CREATE_CONTAINER = 19  # (aiozk has no request for it; the reply is a create2 reply)
 EVENT_DELETED: int = protocol.WatchEvent.DELETED
 EVENT_DATA_CHANGED: int = protocol.WatchEvent.DATA_CHANGED
-#: SetWatches requests are split so that one packet stays far below jute.maxbuffer.
+#: Bytes of paths per SetWatches request: one packet stays far below jute.maxbuffer.
 SET_WATCHES_CHUNK = 128 * 1024
 #: xid, zxid, error code: the header of every reply.
 _REPLY_HEADER = struct.Struct("!iqi")
@@ -55,31 +42,16 @@ class CreateContainerRequest(protocol.Create2Request):  # type: ignore[misc]
 
 
 class Disconnected(exc.ZKError):  # type: ignore[misc]
-    """The request could not be sent, or its reply was lost with the connection.
-
-    The server may or may not have applied a write that raised this.
-    """
+    """The request could not be sent, or its reply was lost: a write may have been applied."""
 
     def __str__(self) -> str:
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-class SessionEvent(enum.Enum):
-    #: The connection is gone; the session lives on in the server for a while.
-    SUSPENDED = "suspended"
-    #: Connected again to the same session (its ephemeral nodes and watches are kept).
-    RESUMED = "resumed"
-    #: Nothing was heard from the server for a whole session timeout: the session may
-    #: have expired there (the client cannot know), so whatever it held counts as lost.
-    PRESUMED_EXPIRED = "presumed_expired"
-    #: The server said the session is gone (its ephemeral nodes are deleted).
-    EXPIRED = "expired"
-    #: A new session was established (the first one, or one after an expiry).
-    NEW_SESSION = "new_session"
-
-
-#: ``(event, session_id)``, called synchronously on every state change.
-EventCallback = Callable[[SessionEvent, int], None]
+#: ``(session_id, lost)``, called when a session is established or resumed (``lost`` is
+#: None) or when whatever a session held is lost (``lost`` says why: it expired, or
+#: nothing was heard for a whole session timeout, so it may have expired).
+EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]
 
@@ -95,62 +67,46 @@ def _hex(session_id: int) -> str:
 
 
 class _Connection(Connection):  # type: ignore[misc]
-    """aiozk's connection with a leaner reader, batched writes and reply timing.
-
-    Kept from aiozk: the connect handshake, ``send`` (pings, auth) and the bookkeeping of
-    pending requests.  The reader notices the connection's death at once.
-    """
+    """aiozk's connection (kept: the connect handshake, the bookkeeping of pending
+    requests) with batched writes, reply timing and a reader that notices the connection's
+    death at once."""
 
     def __init__(self, host: str, port: int, session: Session) -> None:
         super().__init__(host, port, session._dispatch, session.op_timeout)
-        self.dead = asyncio.Event()
-        now = monotonic()
-        self.last_received = now
-        self.last_sent = now
-        #: Send time of the latest request the server answered: the server restarted the
-        #: session's expiry timer at or after this moment.
-        self.confirmed_at = 0.0
+        self._next_xid = session._next_xid
+        self.last_received = self.last_sent = monotonic()
+        self.confirmed_at = 0.0  # send time of the latest request the server answered
+        #: xid -> send time, for requests and the (one) ping in flight.
         self._sent: dict[int, float] = {}
-        self._pings: collections.deque[float] = collections.deque()
 
-    def send(self, request: Any, xid: int | None = None) -> asyncio.Future[Any]:
-        now = monotonic()
-        self.last_sent = now
-        fut: asyncio.Future[Any] = super().send(request, xid)
-        fut.add_done_callback(_consume)
-        if request.special_xid == protocol.PING_XID:
-            self._pings.append(now)
-        elif request.special_xid is None and xid is not None:
-            self._sent[xid] = now
-        return fut
-
-    def send_batch(self, requests: Sequence[tuple[Any, int]]) -> list[asyncio.Future[Any]]:
-        """Send ``(request, xid)`` pairs in ONE write (one system call, one TCP segment).
-
-        The bookkeeping is aiozk's (``pending``, ``opcode_xref``); special requests
-        (pings, auth, close) go through :meth:`send`.
-        """
+    def send_batch(self, requests: Iterable[Any]) -> list[asyncio.Future[Any]]:
+        """Send ``requests`` in ONE write (one system call, one TCP segment)."""
         loop = asyncio.get_running_loop()
         now = monotonic()
         futures: list[asyncio.Future[Any]] = []
         chunks: list[bytes] = []
-        for request, xid in requests:
+        for request in requests:
             fut: asyncio.Future[Any] = loop.create_future()
             fut.add_done_callback(_consume)
             futures.append(fut)
             if self.closing:
                 fut.set_exception(exc.ConnectError(self.host, self.port))
                 continue
+            xid = request.special_xid or self._next_xid()  # a ping's, an auth's, or the next
             payload = request.serialize(xid)
             chunks.append(len(payload).to_bytes(4, "big") + payload)
-            # A createContainer reply has the create2 layout: parse it as one, without
-            # adding an entry to aiozk's process-wide opcode table.
+            # A createContainer reply is parsed as a create2 one, without adding an entry
+            # to aiozk's process-wide opcode table.
             opcode = request.opcode
             self.opcode_xref[xid] = (
                 protocol.Create2Request.opcode if opcode == OP_CREATE_CONTAINER else opcode
             )
-            self.pending[xid] = fut
-            self._sent[xid] = now
+            if xid in protocol.SPECIAL_XIDS:
+                self.pending_specials[xid].append(fut)
+            else:
+                self.pending[xid] = fut
+            if xid != protocol.AUTH_XID:  # the server does not restart the session's timer
+                self._sent[xid] = now
         if chunks:
             self.last_sent = now
             try:
@@ -160,48 +116,35 @@ class _Connection(Connection):  # type: ignore[misc]
                 self.kill()
         return futures
 
-    async def read_response(self, initial_connect: bool = False) -> Any:
-        """One reply: ``(xid, zxid, response or ResponseError)``.
-
-        Replaces aiozk's, which starts two tasks per reply (``wait_for`` around each
-        read); a silent server is caught by the session's liveness check instead.
-        """
-        reader = self.reader
+    async def read_body(self) -> bytes:
+        """One reply, without its length.  (aiozk's reader starts two tasks per reply, a
+        ``wait_for`` around each read; a silent server is caught by the session instead.)"""
         try:
-            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
-            body = await reader.readexactly(size)
+            size = int.from_bytes(await self.reader.readexactly(4), "big", signed=True)
+            body: bytes = await self.reader.readexactly(size)
         except asyncio.IncompleteReadError:
             raise ConnectionAbortedError from None
         self.last_received = monotonic()
-        if initial_connect:
-            return None, None, protocol.ConnectResponse.deserialize(body)
-        xid, zxid, error = _REPLY_HEADER.unpack_from(body)
-        if xid == protocol.WATCH_XID:
-            return xid, zxid, protocol.WatchEvent.deserialize(body[_REPLY_HEADER.size :])
-        opcode = self.opcode_xref.pop(xid, None)
-        if error:
-            response: Any = exc.get_response_error(error)
-        elif opcode is None:
-            raise exc.ZKError(f"reply to an unknown request (xid {xid})")
-        else:
-            response = protocol.response_xref[opcode].deserialize(body[_REPLY_HEADER.size :])
-        sent: float | None = None
-        if xid == protocol.PING_XID:
-            sent = self._pings.popleft() if self._pings else None
-        elif xid >= 0:
-            sent = self._sent.pop(xid, None)
-        if sent is not None and sent > self.confirmed_at:
-            self.confirmed_at = sent
-        return xid, zxid, response
+        return body
 
     async def read_loop(self) -> None:
         """Hand each reply to its request's future, each event to the session."""
         try:
             while not self.closing:
-                xid, zxid, response = await self.read_response()
+                body = await self.read_body()
+                xid, zxid, error = _REPLY_HEADER.unpack_from(body)
+                body = body[_REPLY_HEADER.size :]
                 if xid == protocol.WATCH_XID:
-                    self.watch_handler(response)
+                    self.watch_handler(protocol.WatchEvent.deserialize(body))
                     continue
+                opcode = self.opcode_xref.pop(xid, None)
+                if error:
+                    response: Any = exc.get_response_error(error)
+                elif opcode is None:
+                    raise exc.ZKError(f"reply to an unknown request (xid {xid})")
+                else:
+                    response = protocol.response_xref[opcode].deserialize(body)
+                self.confirmed_at = max(self.confirmed_at, self._sent.pop(xid, 0.0))
                 if xid in protocol.SPECIAL_XIDS:
                     waiting = self.pending_specials[xid]
                     fut = waiting.pop(0) if waiting else None
@@ -229,49 +172,33 @@ class _Connection(Connection):  # type: ignore[misc]
             if not fut.done():
                 fut.set_exception(exc.ConnectError(self.host, self.port))
         self._sent.clear()
-        self._pings.clear()
         task = self.read_loop_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.close()
-        self.dead.set()
 
 
 class Session:
-    """ONE ZooKeeper session over a succession of aiozk connections.
-
-    aiozk 0.32 supplies the wire protocol, its exceptions and the connection; its
-    ``Session`` / ``ZKClient`` are not used: a lock service needs what they do not do
-    (docs/backends/zookeeper.md, "Why not aiozk's session", lists it: resending a create
-    makes a second node, a dead or paused server is noticed late or never, a lost session
-    is not reported, reconnecting backs off to 60 s, containers and ``addAuth`` are
-    missing, watches set to see a deletion are lost on reconnection).
-
-    This class connects to the hosts in random order, resumes the same session after a
-    connection loss (the server decides whether it still exists), pings when idle for a
-    third of the session timeout, drops a connection that has been silent for two thirds
-    of it, and reports every state change.  ``valid_until`` is the client-side bound of
-    the session's life: the session certainly lives until ``confirmed_at + timeout``,
-    ``confirmed_at`` being the send time of the latest request the server answered.
-    """
+    """ONE ZooKeeper session: connects to the hosts in random order, resumes the session
+    after a connection loss (if the server still has it), pings when idle for a third of
+    the session timeout, drops a connection silent for two thirds of it, and reports a new
+    or resumed session, and a lost one, to ``on_event``."""
 
     def __init__(
         self,
         hosts: Sequence[tuple[str, int]],
-        *,
         timeout: float,
-        connect_timeout: float,
-        op_timeout: float,
+        config: CommonConfig,
         auth: Sequence[tuple[str, bytes]],
         on_event: EventCallback,
     ) -> None:
         self.hosts = list(hosts)
         #: The requested session timeout, replaced by the one the server negotiated.
         self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.op_timeout = op_timeout
+        self.connect_timeout = config.connect_timeout
+        self.op_timeout = config.op_timeout
         self.auth = list(auth)
         self.on_event = on_event
         self.session_id = 0
@@ -279,47 +206,32 @@ class Session:
         self.last_zxid = 0
         self.conn: _Connection | None = None
         self.closing = False
-        #: The session task's view: a session is established on ``conn``.
-        self._up = False
-        #: True once the session was presumed expired, until the server confirms it.
-        self.presumed_dead = False
-        #: Path -> callbacks of the data watches set on it.
-        self.watches: dict[str, set[WatchCallback]] = {}
+        self._up = False  # the session task's view: a session is established on conn
+        self.presumed_dead = False  # presumed expired, until the server confirms it
+        self.watches: dict[str, set[WatchCallback]] = {}  # path -> data watch callbacks
         self._xid = 0
         self._confirmed_at = 0.0
         self._state_changed = asyncio.Event()
-        self._first_connect: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
 
-    # -- lifecycle ----------------------------------------------------------------------
-
     async def start(self) -> None:
         """Start the session task and wait for the first session."""
-        loop = asyncio.get_running_loop()
-        self._first_connect = loop.create_future()
-        self._task = loop.create_task(self._run(), name="aiodlock:zookeeper-session")
-        await asyncio.shield(self._first_connect)
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name="aiodlock:zookeeper-session"
+        )
+        await self.wait_connected(None)
 
     async def close(self, timeout: float) -> None:
         """End the session on the server (its ephemeral nodes go at once) and disconnect."""
         if self.closing:
             return
         self.closing = True
-        self._cancel_expiry_timer()
+        self._set_expiry_timer(None)
         conn = self.conn
-        if conn is not None and self.connected and not conn.dead.is_set():
-            try:
-                [closed] = self._send(protocol.CloseRequest())
-                async with asyncio.timeout(timeout):
-                    # The server answers, then hangs up; either will do.
-                    dead = asyncio.ensure_future(conn.dead.wait())
-                    try:
-                        await asyncio.wait({closed, dead}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        dead.cancel()
-            except Exception:
-                log.debug("zookeeper: closing the session failed", exc_info=True)
+        if conn is not None and self.connected:
+            # The server answers, then hangs up; either ends the request (kill() fails it).
+            await asyncio.wait(self._send(protocol.CloseRequest()), timeout=timeout)
         self._up = False
         task, self._task = self._task, None
         if task is not None:
@@ -330,93 +242,67 @@ class Session:
             conn.kill()
         self._wake()
 
-    # -- state ---------------------------------------------------------------------------
-
     @property
     def connected(self) -> bool:
         """A session is established on a live connection (requests can be sent)."""
-        conn = self.conn
-        # NOTE: a killed connection counts as down at once, before the session task has
-        # run: a retry loop that sees "connected" must never spin on Disconnected.
-        return self._up and conn is not None and not conn.closing
+        # A killed connection counts as down at once, before the session task has run: a
+        # retry loop that sees "connected" must never spin on Disconnected.
+        return self._up and self.conn is not None and not self.conn.closing
 
     @property
     def valid_until(self) -> float:
-        """Until when (monotonic) the session certainly lives on the server."""
+        """Until when (monotonic) the session certainly lives on the server: the server
+        restarted its expiry timer after the send time of the latest request it answered."""
         return self._confirmed_at + self.timeout
 
     def usable(self, session_id: int) -> bool:
         """Is ``session_id`` the current session, not presumed expired?"""
         return session_id != 0 and session_id == self.session_id and not self.presumed_dead
 
-    def _confirm(self, conn: _Connection) -> None:
-        if conn.confirmed_at > self._confirmed_at:
-            self._confirmed_at = conn.confirmed_at
-
     def _wake(self) -> None:
         self._state_changed.set()
         self._state_changed = asyncio.Event()
 
-    def _emit(self, event: SessionEvent, session_id: int) -> None:
+    def _emit(self, session_id: int, lost: str | None = None) -> None:
         self._wake()
         try:
-            self.on_event(event, session_id)
+            self.on_event(session_id, lost)
         except Exception:  # pragma: no cover - the handler is ours and must not raise
             log.exception("zookeeper: the session event handler failed")
 
     async def wait_connected(self, until: float | None) -> bool:
         """Wait until connected (True), or until ``until`` (monotonic) passes (False)."""
-        while not self.connected:
-            if self.closing:
-                return False
-            event = self._state_changed
-            if until is None:
-                await event.wait()
-                continue
-            left = until - monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await event.wait()
-        return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(None if until is None else until - monotonic()):
+                while not self.connected and not self.closing:
+                    await self._state_changed.wait()
+        return self.connected
 
-    def _cancel_expiry_timer(self) -> None:
+    def _set_expiry_timer(self, delay: float | None) -> None:
+        """Cancel the presumed-expiry timer and, given ``delay``, set it again."""
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
-
-    def _start_expiry_timer(self) -> None:
-        """Disconnected: the session's leases end when the session may have ended."""
-        self._cancel_expiry_timer()
-        if self.session_id == 0 or self.presumed_dead:
-            return
-        delay = max(0.0, self.valid_until - monotonic())
-        self._expiry_timer = asyncio.get_running_loop().call_later(
-            delay, self._presume_expired, self.session_id
-        )
+        if delay is not None and self.session_id and not self.presumed_dead:
+            self._expiry_timer = asyncio.get_running_loop().call_later(
+                max(0.0, delay), self._presume_expired, self.session_id
+            )
 
     def _presume_expired(self, session_id: int) -> None:
         self._expiry_timer = None
         if self._up or session_id != self.session_id or self.closing:
             return
         self.presumed_dead = True
-        log.warning(
-            "zookeeper: no contact with the servers for the session timeout (%g s); "
-            "session %s may have expired",
-            self.timeout,
-            _hex(session_id),
+        lost = (
+            f"no contact with ZooKeeper for the session timeout ({self.timeout:g} s): "
+            f"the session, and the lock with it, may have expired"
         )
-        self._emit(SessionEvent.PRESUMED_EXPIRED, session_id)
-
-    # -- the session task ----------------------------------------------------------------
+        log.warning("zookeeper: session %s: %s", _hex(session_id), lost)
+        self._emit(session_id, lost)
 
     async def _run(self) -> None:
-        """Connect, serve the connection until it dies, again: the session's own loop.
-
-        Between rounds over the servers it pauses with the core's backoff (25 ms to 1 s,
-        jittered), so that a client never hammers servers that are all down.
-        """
+        """Connect, serve the connection until it dies, again, with the core's backoff
+        (50 ms to 1 s, jittered) between rounds over the servers."""
         backoff = Backoff(first=0.05, cap=1.0)
         while not self.closing:
             conn = await self._connect_any()
@@ -437,9 +323,7 @@ class Session:
                 try:
                     async with asyncio.timeout(per_host):
                         await conn.connect()
-                        if conn.start_read_only:
-                            log.debug("zookeeper: %s:%s is read-only", host, port)
-                        else:
+                        if not conn.start_read_only:  # (a read-only server is passed over)
                             outcome = await self._establish(conn)
                 except exc.ResponseError as error:  # e.g. AuthFailed
                     log.warning("zookeeper: %s:%s refused the session: %s", host, port, error)
@@ -453,13 +337,13 @@ class Session:
                 if outcome != "expired":
                     break
         if self.session_id and monotonic() > self.valid_until + self.timeout:
-            # Nothing answered for long (e.g. the servers were wiped and started again):
-            # the old session cannot exist any more; forget the last zxid so that a server
-            # with a shorter history accepts us.
+            # The old session cannot exist any more (were the servers wiped?): forget the
+            # last zxid so that a server with a shorter history accepts us.
             self.last_zxid = 0
         return None
 
     async def _establish(self, conn: _Connection) -> str:
+        """Establish or resume the session on ``conn``: "ok", or "expired" (raises else)."""
         sent = monotonic()
         request = protocol.ConnectRequest(
             protocol_version=0,
@@ -471,33 +355,30 @@ class Session:
         )
         payload = request.serialize()
         conn.writer.write(len(payload).to_bytes(4, "big") + payload)
-        try:
-            _, _, response = await conn.read_response(initial_connect=True)
-        except Exception as error:
-            # Refused (e.g. the server is behind our last zxid), or the server died.
-            log.debug("zookeeper: no connect reply from %s:%s: %r", conn.host, conn.port, error)
-            return "failed"
+        response = protocol.ConnectResponse.deserialize(await conn.read_body())
         old = self.session_id
         if response.session_id == 0:
             # The server no longer knows the session: its ephemeral nodes are gone.
             self.session_id = 0
             self.password = b"\x00" * 16
-            self._cancel_expiry_timer()
+            self._set_expiry_timer(None)
             if old:
                 log.warning("zookeeper: session %s expired", _hex(old))
-                self._emit(SessionEvent.EXPIRED, old)
+                self._emit(old, "the ZooKeeper session expired (its lock nodes were deleted)")
             return "expired"
         self.session_id = response.session_id
         self.password = response.password
         self.timeout = response.timeout / 1000
-        conn.confirmed_at = sent
+        conn.confirmed_at = self._confirmed_at = sent
         conn.start_read_loop()
         for scheme, credentials in self.auth:
-            await conn.send(protocol.AuthRequest(type=0, scheme=scheme, auth=credentials))
+            [auth] = conn.send_batch(
+                [protocol.AuthRequest(type=0, scheme=scheme, auth=credentials)]
+            )
+            await auth
         resumed = old == self.session_id
         self.conn = conn
-        self._confirmed_at = sent
-        self._cancel_expiry_timer()
+        self._set_expiry_timer(None)
         self.presumed_dead = False
         self._up = True
         log.debug(
@@ -509,22 +390,15 @@ class Session:
             self.timeout,
         )
         self._resend_watches(conn)
-        if self._first_connect is not None and not self._first_connect.done():
-            self._first_connect.set_result(None)
-        self._emit(SessionEvent.RESUMED if resumed else SessionEvent.NEW_SESSION, self.session_id)
+        self._emit(self.session_id)
         return "ok"
 
     async def _serve(self, conn: _Connection) -> None:
-        """Keep ``conn`` alive with pings until it dies, then report the suspension."""
+        """Keep ``conn`` alive with pings until it dies (its reader's task ends)."""
         tick = max(0.02, self.timeout / 12)
         try:
-            while not conn.dead.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(tick):
-                        await conn.dead.wait()
-                if conn.dead.is_set():
-                    break
-                self._confirm(conn)
+            while not (await asyncio.wait({conn.read_loop_task}, timeout=tick))[0]:
+                self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
                 now = monotonic()
                 silent = now - conn.last_received
                 if silent >= self.timeout * 2 / 3:
@@ -537,39 +411,34 @@ class Session:
                     break
                 idle = max(silent, now - conn.last_sent) >= self.timeout / 3
                 if idle and not conn.pending_specials[protocol.PING_XID]:
-                    conn.send(protocol.PingRequest())
+                    conn.send_batch([protocol.PingRequest()])
         finally:
-            self._confirm(conn)
+            self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
             conn.kill()
             if self.conn is conn and self._up:
                 self._up = False
+                self._wake()
                 if not self.closing:
-                    self._start_expiry_timer()
-                    self._emit(SessionEvent.SUSPENDED, self.session_id)
-
-    # -- requests -------------------------------------------------------------------------
+                    self._set_expiry_timer(self.valid_until - monotonic())
 
     def _next_xid(self) -> int:
         self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
         return self._xid
 
     def _send(self, *requests: Any) -> list[asyncio.Future[Any]]:
-        conn = self.conn
-        if not self.connected or conn is None or conn.closing:
+        if not self.connected:
             raise Disconnected()
-        return conn.send_batch([(request, self._next_xid()) for request in requests])
+        assert self.conn is not None
+        return self.conn.send_batch(requests)
 
     async def call(self, *requests: Any) -> list[Any]:
-        """Send ``requests`` back to back (one round trip); return each one's reply.
+        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError).
 
-        A request the server refused gives its ``aiozk.exc.ResponseError`` in the list.
-        Raises :class:`Disconnected` if the connection is or gets lost; the server may
-        or may not have applied the writes then.  The server runs one session's requests
-        in order, so a read placed after a write sees that write.
+        Raises :class:`Disconnected` if the connection is or gets lost.  The server runs a
+        session's requests in order: a read placed after a write sees that write.
         """
-        futures = self._send(*requests)
         results: list[Any] = []
-        for fut in futures:
+        for fut in self._send(*requests):
             try:
                 zxid, response = await fut
             except exc.ConnectError:
@@ -584,12 +453,7 @@ class Session:
 
     def send_nowait(self, request: Any) -> asyncio.Future[Any] | None:
         """Send without waiting (None when disconnected); the reply goes to the future."""
-        try:
-            return self._send(request)[0]
-        except Disconnected:
-            return None
-
-    # -- watches --------------------------------------------------------------------------
+        return self._send(request)[0] if self.connected else None
 
     def watch(self, path: str, callback: WatchCallback) -> None:
         """Call ``callback(event_type)`` when a data watch on ``path`` fires."""
@@ -603,37 +467,24 @@ class Session:
                 del self.watches[path]
 
     def _dispatch(self, event: Any) -> None:
-        if event.type not in (EVENT_DELETED, EVENT_DATA_CHANGED):
-            log.debug("zookeeper: ignored event %r", event)
-            return
-        callbacks = self.watches.get(event.path)
-        if not callbacks:
-            return
-        loop = asyncio.get_running_loop()
-        for callback in list(callbacks):
-            loop.call_soon(callback, event.type)
+        if event.type in (EVENT_DELETED, EVENT_DATA_CHANGED):  # the only watches set
+            loop = asyncio.get_running_loop()
+            for callback in list(self.watches.get(event.path, ())):
+                loop.call_soon(callback, event.type)
 
     def _resend_watches(self, conn: _Connection) -> None:
-        """Register every data watch again after a reconnect (fired if the node changed)."""
-        for chunk in _chunks(sorted(self.watches), SET_WATCHES_CHUNK):
+        """Set every data watch again after a reconnect (it fires if the node changed)."""
+        chunks: list[list[str]] = [[]]
+        size = 0
+        for path in sorted(self.watches):
+            length = len(path.encode("utf-8", "surrogatepass")) + 4
+            if chunks[-1] and size + length > SET_WATCHES_CHUNK:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(path)
+            size += length
+        for chunk in filter(None, chunks):
             request = protocol.SetWatchesRequest(
-                relative_zxid=self.last_zxid,
-                data_watches=chunk,
-                exist_watches=[],
-                child_watches=[],
+                relative_zxid=self.last_zxid, data_watches=chunk, exist_watches=[], child_watches=[]
             )
-            conn.send_batch([(request, self._next_xid())])
-
-
-def _chunks(paths: Iterable[str], limit: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    size = 0
-    for path in paths:
-        length = len(path.encode("utf-8", "surrogatepass")) + 4
-        if chunk and size + length > limit:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(path)
-        size += length
-    if chunk:
-        yield chunk
+            conn.send_batch([request])

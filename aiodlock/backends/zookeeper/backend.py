@@ -6,14 +6,11 @@ acquire creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`
 the children in the same round trip; the lowest child holds the lock, every other one
 watches its immediate predecessor only (no herd).  The owner and attempt in the name find
 a node whose create reply was lost (protection mode) or abandoned.  The fencing token is
-the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`), whose
-losses are reported through the core's callback (:mod:`._holds`).  Requests on nodes and
-the deletions that must happen are in :mod:`._nodes`; retries are the core's (``_retry``).
+the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -36,20 +33,14 @@ from ..._types import (
     Request,
     monotonic,
 )
-from ..._url import ParsedURL
+from ..._url import ParsedURL, take_float
+from ..._wakeup import Wakeup
 from .._base import Backend
 from ._holds import Holds, Node
 from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._options import DEFAULT_PORT, acl_for, describe, digest_auth
-from ._options import from_url as options_from_url
+from ._options import acl_for, describe, parse_url
 from ._paths import basename, escape_segment, order, unescape_segment
-from ._session import (
-    EVENT_DELETED,
-    Disconnected,
-    Session,
-    SessionEvent,
-    WatchCallback,
-)
+from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -70,20 +61,15 @@ class _Attempt:
     request: Request
     parent: str
     prefix: str  # the node name up to the sequence number: "{owner}#{attempt}#"
-    event: asyncio.Event
+    event: Wakeup
     path: str | None = None
     czxid: int = 0
     session_id: int = 0
-    #: The session a create was sent on whose reply was lost (protection mode).
-    in_doubt: int | None = None
-    #: The local callback of the watch on the attempt's own node while it waits.
-    own_cb: WatchCallback | None = None
-    #: The server-side watch on the own node is set (and has not fired).
-    own_armed: bool = False
-    #: The own node was deleted (by someone else, or with the session).
-    own_gone: bool = False
-    #: A create of this attempt had a lost reply (its node may turn up late).
-    had_doubt: bool = False
+    in_doubt: int | None = None  # the session of a create whose reply is still unknown
+    own_cb: WatchCallback | None = None  # the local callback of the own node's watch
+    own_armed: bool = False  # the server-side watch on the own node is set (not fired)
+    own_gone: bool = False  # the own node was deleted (by someone, or with the session)
+    had_doubt: bool = False  # a create had a lost reply (its node may turn up late)
 
 
 class ZooKeeperBackend(Backend):
@@ -98,48 +84,29 @@ class ZooKeeperBackend(Backend):
         | Capability.CROSS_PROCESS
     )
 
-    def __init__(
-        self,
-        config: CommonConfig,
-        *,
-        hosts: Sequence[tuple[str, int]] = (("127.0.0.1", DEFAULT_PORT),),
-        chroot: str = "",
-        session_timeout: float | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        acl: str | Sequence[Any] = "open",
-        scheme: str = "zookeeper",
-    ) -> None:
+    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
         self.config = config
-        self.hosts = list(hosts)
-        self.chroot = chroot
-        #: The session timeout asked for (the server may negotiate another one).
-        self.requested_session_timeout = (
-            session_timeout if session_timeout is not None else config.watchdog_ttl
-        )
-        self.username = username
-        self._scheme = scheme
+        self._scheme, self.hosts, self.chroot, self.username, password = parse_url(url, options)
+        timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
+        assert timeout is not None
+        self.requested_session_timeout = timeout  # the server may negotiate another one
         #: The ACL of the nodes this client creates: a preset's name, or "custom".
-        self.acl_name, self.acl = acl_for(acl, username)
+        self.acl_name, self.acl = acl_for(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
-        self.auth = digest_auth(username, password)
+        self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
         self._secrets = (password,) if password else ()
-        self._root = f"{chroot}/{escape_segment(config.namespace)}"
-        self._locks = f"{self._root}/locks"
-        self._session: Session | None = None
+        self._locks = f"{self.chroot}/{escape_segment(config.namespace)}/locks"
+        #: The ZooKeeper session (None while the backend is not open).
+        self.session: Session | None = None
         self._nodes: Nodes | None = None
-        #: The leases held, each with its node and the holder's watch on it.
         self._holds = Holds()
         #: (name, owner) -> the attempt, until it returns or is abandoned.
         self._attempts: dict[tuple[str, str], _Attempt] = {}
-        self._active: set[_Attempt] = set()
         self._closing = False
-
-    # -- configuration -------------------------------------------------------------------
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        return cls(config, **options_from_url(url, config, options))
+        return cls(config, url, options)
 
     def describe(self) -> str:
         return describe(self._scheme, self.username, self.hosts, self.chroot)
@@ -147,25 +114,18 @@ class ZooKeeperBackend(Backend):
     @property
     def session_timeout(self) -> float:
         """The session timeout in force (negotiated with the server once connected)."""
-        if self._session is not None and self._session.session_id:
-            return self._session.timeout
+        if self.session is not None and self.session.session_id:
+            return self.session.timeout
         return self.requested_session_timeout
-
-    @property
-    def session(self) -> Session | None:
-        """The ZooKeeper session (None while the backend is not open)."""
-        return self._session
 
     @property
     def session_id(self) -> int:
         """The current ZooKeeper session id (0 when there is none)."""
-        return self._session.session_id if self._session is not None else 0
+        return self.session.session_id if self.session is not None else 0
 
     def lock_path(self, name: str) -> str:
         """The ZooKeeper node of the lock ``name`` (its children are the queue)."""
         return f"{self._locks}/{escape_segment(name)}"
-
-    # -- plumbing ------------------------------------------------------------------------
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
         return translate(what, self._secrets)
@@ -176,37 +136,23 @@ class ZooKeeperBackend(Backend):
             raise BackendError("zookeeper: the client is not open (or was closed)")
         return self._nodes
 
-    @property
-    def _zk(self) -> Session:
-        return self._io.session
-
-    # -- lifecycle ----------------------------------------------------------------------
-
     async def open(self, on_lost: LostCallback) -> None:
         self._holds.on_lost = on_lost
         self._closing = False
-        self._session = Session(
+        self.session = self._holds.session = session = Session(
             self.hosts,
-            timeout=self.requested_session_timeout,
-            connect_timeout=self.config.connect_timeout,
-            op_timeout=self.config.op_timeout,
-            auth=self.auth,
-            on_event=self._on_session_event,
+            self.requested_session_timeout,
+            self.config,
+            self.auth,
+            self._on_session_event,
         )
-        self._holds.session = self._session
-        self._nodes = Nodes(
-            self._session,
-            self._locks,
-            acl=self.acl,
-            op_timeout=self.config.op_timeout,
-            secrets=self._secrets,
-        )
+        self._nodes = Nodes(session, self._locks, self.acl, self.config.op_timeout, self._secrets)
         with self._translate("connect"):
-            await self._session.start()
-        if self._session.timeout != self.requested_session_timeout:
+            await session.start()
+        if session.timeout != self.requested_session_timeout:
             log.info(
                 "zookeeper: the server set the session timeout to %g s (asked for %g s)",
-                self._session.timeout,
+                session.timeout,
                 self.requested_session_timeout,
             )
 
@@ -218,39 +164,24 @@ class ZooKeeperBackend(Backend):
             await self._nodes.aclose()
         # A waiter may have been handed the lock while the client was closing.
         self._holds.lose(self._holds.of_session(), "the client was closed while the lock was held")
-        session, self._session = self._session, None
+        session, self.session = self.session, None
         self._holds.session = None
         if session is not None:
-            # Closing the session deletes every node it still has, at once.
-            await session.close(self.config.op_timeout)
-        self._holds.clear()
+            await session.close(self.config.op_timeout)  # the server deletes its nodes at once
+        self._wake_attempts()
         self._attempts.clear()
-        for attempt in self._active:
+
+    def _wake_attempts(self) -> None:
+        """Waiters check their place again (their nodes or watches may be gone)."""
+        for attempt in self._attempts.values():
             attempt.event.set()
 
-    # -- session events -------------------------------------------------------------------
-
-    def _on_session_event(self, event: SessionEvent, session_id: int) -> None:
-        if event is SessionEvent.SUSPENDED:
-            return
-        if self._nodes is not None and event in (SessionEvent.RESUMED, SessionEvent.NEW_SESSION):
+    def _on_session_event(self, session_id: int, lost: str | None) -> None:
+        if lost is not None:
+            self._holds.lose(self._holds.of_session(session_id), lost)
+        elif self._nodes is not None:
             self._nodes.cleanup.kick()  # deletions left to the background: go on now
-        if event in (SessionEvent.PRESUMED_EXPIRED, SessionEvent.EXPIRED):
-            lost = self._holds.of_session(session_id)
-            if event is SessionEvent.EXPIRED:
-                reason = "the ZooKeeper session expired (its lock nodes were deleted)"
-            else:
-                timeout = self._session.timeout if self._session is not None else 0.0
-                reason = (
-                    f"no contact with ZooKeeper for the session timeout ({timeout:g} s): "
-                    f"the session, and the lock with it, may have expired"
-                )
-            self._holds.lose(lost, reason)
-        # Waiters check their place again (their nodes or watches may be gone).
-        for attempt in self._active:
-            attempt.event.set()
-
-    # -- acquire ----------------------------------------------------------------------------
+        self._wake_attempts()
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         grant = await self.acquire(request, monotonic())
@@ -262,20 +193,17 @@ class ZooKeeperBackend(Backend):
             request,
             self.lock_path(request.name),
             f"{escape_segment(request.owner)}#{_secrets.token_hex(4)}#",
-            asyncio.Event(),
+            Wakeup(),
         )
-        # NOTE: kept until the attempt returns; after an exception the core calls
-        # abandon(), which needs it to find the node.
+        # Kept until the attempt returns: after an exception, abandon() needs it.
         self._attempts[key] = attempt
-        self._active.add(attempt)
         try:
-            if deadline is not None and monotonic() >= deadline:
+            if _passed(deadline):
                 with self._translate("acquire"):
                     grant = await self._try_once(attempt)
             else:
                 grant = await self._wait_in_line(attempt, deadline)
         finally:
-            self._active.discard(attempt)
             self._unwatch_own(attempt)
         if self._attempts.get(key) is attempt:
             del self._attempts[key]
@@ -288,8 +216,8 @@ class ZooKeeperBackend(Backend):
         attempt.own_armed = attempt.own_gone = False
 
     def _unwatch_own(self, attempt: _Attempt) -> None:
-        if attempt.own_cb is not None and attempt.path is not None and self._session is not None:
-            self._session.unwatch(attempt.path, attempt.own_cb)
+        if attempt.own_cb is not None and attempt.path is not None and self.session is not None:
+            self.session.unwatch(attempt.path, attempt.own_cb)
         attempt.own_cb = None
 
     @staticmethod
@@ -301,8 +229,7 @@ class ZooKeeperBackend(Backend):
 
     async def _try_once(self, attempt: _Attempt) -> Grant | None:
         """One attempt that never queues: look first, create only when the lock is free."""
-        children = await self._io.children(attempt.parent)
-        if children and order(children):
+        if await self._io.queue(attempt.parent):
             return None
         queue = order(await self._create(attempt))
         if queue and attempt.path is not None and queue[0].name == basename(attempt.path):
@@ -319,7 +246,7 @@ class ZooKeeperBackend(Backend):
                 functools.partial(self._queue, attempt, deadline),
                 until=deadline,
                 limit=self.config.op_timeout,
-                wait_ready=self._zk.wait_connected,
+                wait_ready=self._io.session.wait_connected,
                 retry_if=reconnectable,
                 what="zookeeper: acquire",
             )
@@ -329,7 +256,7 @@ class ZooKeeperBackend(Backend):
         with self._translate("acquire"):
             if self._closing:
                 raise BackendError("zookeeper: the client was closed")
-            if deadline is not None and monotonic() >= deadline:
+            if _passed(deadline):
                 await self._give_up(attempt)
                 return None
         raise BackendTimeout(
@@ -340,14 +267,13 @@ class ZooKeeperBackend(Backend):
         """Take a place in the queue and wait for the predecessors to leave."""
         with self._translate("acquire"):
             while True:
-                attempt.event.clear()
+                attempt.event = Wakeup()
                 if attempt.in_doubt is not None:
                     await self._recover(attempt)
                 if attempt.path is None:
-                    children: list[str] | None = await self._create(attempt)
+                    queue = order(await self._create(attempt))
                 else:
-                    children = await self._io.children(attempt.parent)
-                queue = order(children or ())
+                    queue = await self._io.queue(attempt.parent)
                 mine = basename(attempt.path) if attempt.path is not None else None
                 index = next((i for i, c in enumerate(queue) if c.name == mine), None)
                 if index is None:
@@ -366,7 +292,7 @@ class ZooKeeperBackend(Backend):
                     if grant is not None:
                         return grant
                     continue
-                if deadline is not None and monotonic() >= deadline:
+                if _passed(deadline):
                     await self._give_up(attempt)
                     return None
                 predecessor = f"{attempt.parent}/{queue[index - 1].name}"
@@ -377,11 +303,8 @@ class ZooKeeperBackend(Backend):
                         return grant
 
     async def _create(self, attempt: _Attempt) -> list[str]:
-        """Create the attempt's node and list the queue, in one round trip.
-
-        When the lock node is missing (new, or just reaped) it is made and the create is
-        sent again at once, up to MAX_PARENT_RETRIES times.
-        """
+        """Create the attempt's node and list the queue, in one round trip; when the lock
+        node is missing (new, or just reaped), make it and create again at once."""
         return await retrying(
             functools.partial(self._create_once, attempt),
             tries=MAX_PARENT_RETRIES,
@@ -391,11 +314,10 @@ class ZooKeeperBackend(Backend):
         )
 
     async def _create_once(self, attempt: _Attempt) -> list[str]:
-        zk = self._zk
+        zk = self._io.session
         if not zk.connected:
             raise Disconnected()
-        session_id = zk.session_id
-        attempt.in_doubt = session_id
+        attempt.in_doubt = session_id = zk.session_id
         created, listed = await self._io.call(
             protocol.Create2Request(
                 path=f"{attempt.parent}/{attempt.prefix}",
@@ -425,11 +347,12 @@ class ZooKeeperBackend(Backend):
     async def _recover(self, attempt: _Attempt) -> None:
         """Protection mode: after a lost create reply, find the node it may have made."""
         session_id, attempt.in_doubt = attempt.in_doubt, None
-        if session_id is None or session_id != self._zk.session_id:
+        if session_id is None or session_id != self._io.session.session_id:
             return  # nothing was in doubt, or the node died with its session
         attempt.had_doubt = True
-        children = await self._io.children(attempt.parent)
-        mine = [c for c in order(children or ()) if c.name.startswith(attempt.prefix)]
+        mine = [
+            c for c in await self._io.queue(attempt.parent) if c.name.startswith(attempt.prefix)
+        ]
         if not mine:
             return
         await self._io.delete_children(attempt.parent, [c.name for c in mine[1:]])
@@ -446,12 +369,10 @@ class ZooKeeperBackend(Backend):
     ) -> bool:
         """Sleep until ``predecessor`` changes, our node or the session does, or ``deadline``.
 
-        Returns True when the lock is ours without listing again: the deleted predecessor
-        was the holder, because it was first in our listing (``first_in_line``) or was a
-        grant of this backend (then it was the lowest node: nothing below it can come
-        back).  Nobody can have come in between: a node created after our listing has a
-        higher sequence number than ours.  The watch on our own node (set here, in the
-        same round trip) tells if our node went.
+        True when the lock is ours without listing again: the deleted predecessor was the
+        holder (first in our listing, or a grant of this backend: the lowest node then,
+        nothing below it can come back), and a node created after our listing is behind
+        ours.  A watch on our own node, set in the same round trip, tells if it went.
         """
         deleted = False
         was_holder = first_in_line
@@ -463,7 +384,7 @@ class ZooKeeperBackend(Backend):
                 was_holder = was_holder or self._holds.ended(predecessor)
             attempt.event.set()
 
-        zk = self._zk
+        zk = self._io.session
         own = attempt.path
         assert own is not None
         zk.watch(predecessor, on_event)
@@ -483,14 +404,11 @@ class ZooKeeperBackend(Backend):
                     return False
                 attempt.own_armed = not attempt.own_gone
             if found(replies[0]) is None:
-                deleted = True  # gone already
-                was_holder = was_holder or self._holds.ended(predecessor)
+                on_event(EVENT_DELETED)  # gone already
             else:
                 timeout = None if deadline is None else deadline - monotonic()
                 if timeout is None or timeout > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(timeout):
-                            await attempt.event.wait()
+                    await attempt.event.wait(timeout)
         finally:
             zk.unwatch(predecessor, on_event)
         return deleted and was_holder and not attempt.own_gone
@@ -498,7 +416,7 @@ class ZooKeeperBackend(Backend):
     def _grant(self, attempt: _Attempt) -> Grant | None:
         """The attempt's node is the lowest: the lock is ours (if its session still is)."""
         assert attempt.path is not None
-        if not self._zk.usable(attempt.session_id) or attempt.own_gone:
+        if not self._io.session.usable(attempt.session_id) or attempt.own_gone:
             # The node died (or may have died) with its session, or was deleted.
             self._set_path(attempt, None)
             return None
@@ -522,17 +440,14 @@ class ZooKeeperBackend(Backend):
         self._set_path(attempt, None)
         doubt, attempt.in_doubt = attempt.in_doubt, None
         if doubt is not None:
-            # A create went out and its reply never came: the node may exist.
             await self._io.sweep(attempt.parent, attempt.prefix, doubt, what)
         if path is not None:
             await self._io.remove(path, attempt.session_id, what)
 
-    # -- release, renew, abandon ------------------------------------------------------------
-
     async def release(self, grant: Grant) -> bool:
         node: Node = grant.data
         self._holds.forget(grant)  # from now on a deletion of the node is no loss
-        zk = self._zk
+        zk = self._io.session
         if zk.session_id != node.session_id:
             return False  # the node ended with its session
         if zk.presumed_dead:
@@ -551,28 +466,22 @@ class ZooKeeperBackend(Backend):
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """Check that each node still exists in this session (the session is the lease)."""
         started = monotonic()
+        zk = self._io.session
         with self._translate("renew"):
             replies = await self._io.call(
                 *(protocol.ExistsRequest(path=g.data.path, watch=False) for g in grants)
             )
-        zk = self._zk
-        results: list[float | None] = []
-        for grant, reply in zip(grants, replies, strict=True):
-            node: Node = grant.data
-            with self._translate("renew"):
-                alive = found(reply) is not None
-            alive = (
-                alive
-                and reply.stat.ephemeral_owner == node.session_id
-                and zk.usable(node.session_id)
-                and self._holds.holds(grant)
-            )
-            results.append(started + ttl if alive else None)
-        return results
+            results: list[float | None] = []
+            for grant, reply in zip(grants, replies, strict=True):
+                node: Node = grant.data
+                alive = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
+                alive = alive and zk.usable(node.session_id) and self._holds.holds(grant)
+                results.append(started + ttl if alive else None)
+            return results
 
     async def abandon(self, request: Request) -> None:
         attempt = self._attempts.pop((request.name, request.owner), None)
-        if self._closing or self._session is None:
+        if self._closing or self.session is None:
             return  # closing the session deleted its nodes
         with self._translate("abandon"):
             if attempt is not None:
@@ -580,9 +489,7 @@ class ZooKeeperBackend(Backend):
             else:
                 prefix = f"{escape_segment(request.owner)}#"
                 parent = self.lock_path(request.name)
-                await self._io.sweep(parent, prefix, self._zk.session_id, "abandon")
-
-    # -- status, force_release ----------------------------------------------------------------
+                await self._io.sweep(parent, prefix, self._io.session.session_id, "abandon")
 
     async def status(self, name: str) -> LockStatus | None:
         try:
@@ -599,7 +506,7 @@ class ZooKeeperBackend(Backend):
     async def _status_once(self, name: str) -> LockStatus | None:
         parent = self.lock_path(name)
         with self._translate("status"):
-            queue = order(await self._io.children(parent) or ())
+            queue = await self._io.queue(parent)
             if not queue:
                 return None
             holder = queue[0]
@@ -615,10 +522,14 @@ class ZooKeeperBackend(Backend):
     async def force_release(self, name: str) -> bool:
         parent = self.lock_path(name)
         with self._translate("force_release"):
-            queue = order(await self._io.children(parent) or ())
+            queue = await self._io.queue(parent)
             if not queue:
                 return False
             [reply] = await self._io.call(
                 protocol.DeleteRequest(path=f"{parent}/{queue[0].name}", version=-1)
             )
             return found(reply) is not None
+
+
+def _passed(deadline: float | None) -> bool:
+    return deadline is not None and monotonic() >= deadline

@@ -284,10 +284,11 @@ async def test_cancel_while_the_create_is_in_flight(
     server = logged_server
     client = await make_client(server.url, session_timeout=10, op_timeout=10)
     backend = backend_of(client)
+    creates = _count_creates(backend)
     server.pause()
     try:
         task = asyncio.create_task(client.lock("inflight").acquire())
-        await eventually(lambda: bool(backend._attempts) and _in_doubt(backend))
+        await eventually(lambda: creates() == 1)
         task.cancel()
         await asyncio.sleep(0.2)
     finally:
@@ -304,8 +305,44 @@ async def test_cancel_while_the_create_is_in_flight(
         pass
 
 
-def _in_doubt(backend: Any) -> bool:
-    return any(a.in_doubt is not None for a in backend._attempts.values())
+def _count_creates(backend: Any) -> Any:
+    """How many requests the backend's session sent with a create (a wrapper of call())."""
+    session = backend.session
+    real_call = session.call
+    sent = 0
+
+    async def call(*requests: Any) -> list[Any]:
+        nonlocal sent
+        sent += any(isinstance(r, protocol.Create2Request) for r in requests)
+        return await real_call(*requests)
+
+    session.call = call
+    return lambda: sent
+
+
+def _drop_the_first_create(backend: Any) -> Any:
+    """The connection dies right after the session's first create is sent (before its
+    reply); afterwards, count the listings sent on their own (a create goes with its own)."""
+    session = backend.session
+    real_call = session.call
+    dropped = False
+    lookups = 0
+
+    async def call(*requests: Any) -> list[Any]:
+        nonlocal dropped, lookups
+        if not dropped and any(isinstance(r, protocol.Create2Request) for r in requests):
+            dropped = True
+            sent = asyncio.ensure_future(real_call(*requests))  # the create goes out...
+            await asyncio.sleep(0)
+            session.conn.kill()  # ...and the connection dies before the reply
+            await asyncio.gather(sent, return_exceptions=True)
+            raise Disconnected()
+        if dropped and [type(r) for r in requests] == [protocol.GetChildrenRequest]:
+            lookups += 1
+        return await real_call(*requests)
+
+    session.call = call
+    return lambda: (dropped, lookups)
 
 
 async def test_force_release_is_noticed_by_the_holder_at_once(
@@ -433,29 +470,11 @@ async def test_protection_mode_finds_the_node_of_a_lost_create_reply(
     client = await make_client()
     zk = await raw(zookeeper_server.address)
     backend = backend_of(client)
-    session = backend.session
-    assert session is not None
-    real_call = session.call
-    dropped = False
-    lookups = 0
-
-    async def call(*requests: Any) -> list[Any]:
-        nonlocal dropped, lookups
-        if not dropped and any(isinstance(r, protocol.Create2Request) for r in requests):
-            dropped = True
-            futures = session._send(*requests)  # the create goes out...
-            assert session.conn is not None
-            session.conn.kill()  # ...and the connection dies before the reply
-            await asyncio.gather(*futures, return_exceptions=True)
-            raise Disconnected()
-        if dropped and [type(r) for r in requests] == [protocol.GetChildrenRequest]:
-            lookups += 1  # a listing on its own (a create goes with its listing)
-        return await real_call(*requests)
-
-    session.call = call  # type: ignore[method-assign]
+    dropped_and_lookups = _drop_the_first_create(backend)
     session_id = backend.session_id
     async with asyncio.timeout(HANG):
         lease = await client.lock("prot").acquire()
+    dropped, lookups = dropped_and_lookups()
     assert dropped
     assert backend.session_id == session_id  # same session, resumed
     assert lookups == 1  # the protection-mode lookup for the node of the lost reply
@@ -477,13 +496,14 @@ async def test_a_late_node_of_an_attempt_with_a_lost_create_is_swept(
     zk = await raw(zookeeper_server.address)
     backend = backend_of(b)
     await a.lock("late").acquire()
+    dropped_and_lookups = _drop_the_first_create(backend)  # the waiter's create reply is lost
     waiter = asyncio.create_task(_take_and_release_later(b, "late"))
     await eventually(lambda: _length_is(a, zk, "late", 2))
-    [attempt] = backend._attempts.values()
-    attempt.had_doubt = True  # as after a lost create reply
+    assert dropped_and_lookups()[0]
     parent = backend.lock_path("late")
+    mine = next(n for n in await children(zk, parent) if n.startswith(escape_segment(b.id)))
     # the late create, behind the waiter's node, with the attempt's own name prefix
-    await zk.create(f"{parent}/{attempt.prefix}", ephemeral=True, sequential=True)
+    await zk.create(f"{parent}/{mine[: mine.rindex('#') + 1]}", ephemeral=True, sequential=True)
     assert await queue_length(a, zk, "late") == 3
     await a.lock("late").release()
     async with asyncio.timeout(HANG):
