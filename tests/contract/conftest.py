@@ -42,6 +42,8 @@ PARAMS = [
     for name, (module, marks) in BACKENDS.items()
     if _present(module)
 ]
+#: Redis Sentinel and Cluster: tests that need many runs to show a race run on them only
+REDIS_DEPLOYMENTS = [p for p in PARAMS if p.id in ("redis-sentinel", "redis-cluster")]
 
 
 @pytest.fixture(params=PARAMS)
