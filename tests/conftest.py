@@ -4,7 +4,8 @@ Shared, session-scoped servers (started lazily on first use, healed before and a
 test: resumed if a test left them paused, restarted on the same port if a test killed them)::
 
     redis_server, redlock_servers (3 Redis masters), zookeeper_server, etcd_server,
-    mariadb_server
+    mariadb_server, sentinel_deployment (a master, a replica, three sentinels),
+    cluster_deployment (a three-master Redis Cluster; the deployments are not healed)
 
 Private servers for fault tests (kill / pause / restart freely; all closed at teardown)::
 
@@ -12,6 +13,7 @@ Private servers for fault tests (kill / pause / restart freely; all closed at te
     zookeeper_factory(**kw) -> ZooKeeperServer   zookeeper_ensemble(size=3) -> ZooKeeperEnsemble
     etcd_factory(**kw) -> EtcdServer             etcd_cluster(size=3) -> EtcdCluster
     mariadb_factory(**kw) -> MariaDBServer
+    sentinel_factory(**kw) -> SentinelDeployment cluster_factory() -> ClusterDeployment
 
 All fixtures are synchronous so they work with any pytest-asyncio loop scope.  A missing server
 binary skips the test, except when ``CI=true``: then it fails.
@@ -30,11 +32,13 @@ import pytest
 import aiodlock
 from tests.helpers import ClientFactory, open_clients
 from tests.servers import (
+    ClusterDeployment,
     EtcdCluster,
     EtcdServer,
     MariaDBServer,
     RedisGroup,
     RedisServer,
+    SentinelDeployment,
     Server,
     ZooKeeperEnsemble,
     ZooKeeperServer,
@@ -124,6 +128,24 @@ def etcd_server(_servers_dir: Path) -> Iterator[EtcdServer]:
 def mariadb_server(_servers_dir: Path) -> Iterator[MariaDBServer]:
     require_server("mysql")
     yield from _shared(MariaDBServer(_servers_dir))
+
+
+@pytest.fixture(scope="session")
+def sentinel_deployment(_servers_dir: Path) -> Iterator[SentinelDeployment]:
+    """A master, a replica and three sentinels, shared by the tests that do not fail it over."""
+    require_server("redis")
+    deployment = SentinelDeployment(_servers_dir / "sentinel").start()
+    yield deployment
+    deployment.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_deployment(_servers_dir: Path) -> Iterator[ClusterDeployment]:
+    """A three-master Redis Cluster, shared by the tests that do not fail it over or reshard."""
+    require_server("redis")
+    deployment = ClusterDeployment(_servers_dir / "cluster").start()
+    yield deployment
+    deployment.close()
 
 
 # -- private servers for fault tests -----------------------------------------------------------
@@ -229,6 +251,33 @@ def etcd_cluster(_factory: _Factory) -> Callable[..., EtcdCluster]:
         cluster = EtcdCluster(_factory.base, size)
         _factory.add(cluster.close)
         return cluster.start()
+
+    return start
+
+
+@pytest.fixture
+def sentinel_factory(_factory: _Factory) -> Callable[..., SentinelDeployment]:
+    """``sentinel_factory(down_after_ms=500)``: a private Sentinel deployment."""
+    require_server("redis")
+
+    def start(**kwargs: Any) -> SentinelDeployment:
+        base = _factory.base / f"sentinel{len(_factory.closers)}"
+        deployment = SentinelDeployment(base, **kwargs)
+        _factory.add(deployment.close)
+        return deployment.start()
+
+    return start
+
+
+@pytest.fixture
+def cluster_factory(_factory: _Factory) -> Callable[[], ClusterDeployment]:
+    """``cluster_factory()``: a private three-master Redis Cluster."""
+    require_server("redis")
+
+    def start() -> ClusterDeployment:
+        deployment = ClusterDeployment(_factory.base / f"cluster{len(_factory.closers)}")
+        _factory.add(deployment.close)
+        return deployment.start()
 
     return start
 

@@ -19,9 +19,11 @@ main thread) and registered for an ``atexit`` SIGKILL, so a crashed test run lea
 from __future__ import annotations
 
 import atexit
+import binascii
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import json
 import os
 import pwd
@@ -42,11 +44,13 @@ from typing import ClassVar, Generic, Self, TypeVar
 
 __all__ = [
     "HOST",
+    "ClusterDeployment",
     "EtcdCluster",
     "EtcdServer",
     "MariaDBServer",
     "RedisGroup",
     "RedisServer",
+    "SentinelDeployment",
     "Server",
     "ServerError",
     "ServerGroup",
@@ -1386,3 +1390,240 @@ class EtcdCluster(ServerGroup[EtcdServer]):
         """etcdctl against the running members (etcdctl does not retry a put elsewhere)."""
         endpoints = [m.client_url for m in self.running_members() if not m.paused]
         return etcdctl(endpoints or self.endpoints, *args, timeout=timeout, check=check)
+
+
+# --------------------------------------------------------------------------------------------
+# Redis Sentinel and Cluster deployments
+# --------------------------------------------------------------------------------------------
+
+
+class SentinelDeployment:
+    """A master, one replica and three sentinels (quorum 2) on loopback."""
+
+    service: ClassVar[str] = "mymaster"
+
+    def __init__(self, base: Path, *, down_after_ms: int = 500) -> None:
+        self.base = base
+        # no diskless-sync delay: the replica syncs at once (else 5 s per deployment)
+        self.master = RedisServer(base, extra_args=["--repl-diskless-sync-delay", "0"])
+        self.replica: RedisServer | None = None
+        self.sentinels: list[RedisServer] = []
+        self.down_after_ms = down_after_ms
+
+    def start(self) -> SentinelDeployment:
+        try:
+            self.master.start()
+            self.replica = RedisServer(
+                self.base, extra_args=["--replicaof", HOST, str(self.master.port)]
+            ).start()
+            config = (
+                f"sentinel monitor {self.service} {HOST} {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} 5000\n"
+            )
+            self.sentinels = [
+                RedisServer(self.base, config_text=config, extra_args=["--sentinel"])
+                for _ in range(3)
+            ]
+            for sentinel in self.sentinels:
+                sentinel.spawn()
+            for sentinel in self.sentinels:
+                sentinel.wait_ready()
+            self.wait_replica_online(self.master, self.replica)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def members(self) -> list[RedisServer]:
+        return [self.master, *([self.replica] if self.replica else []), *self.sentinels]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(s.address for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def master_port(self) -> int:
+        """The master port as the first live sentinel reports it."""
+        for sentinel in self.sentinels:
+            if sentinel.running and not sentinel.paused:
+                out = sentinel.cli("SENTINEL", "get-master-addr-by-name", self.service, check=False)
+                lines = out.split()
+                if len(lines) == 2:
+                    return int(lines[1])
+        raise ServerError("no sentinel answered")
+
+    @staticmethod
+    def wait_replica_online(master: RedisServer, replica: RedisServer, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = master.cli("INFO", "replication", check=False)
+            if f"port={replica.port},state=online" in info:
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"replica {replica.port} not online:\n{info}")
+            time.sleep(0.02)
+
+    def wait_failover_ready(self, timeout: float = 30) -> None:
+        """Every sentinel knows the replica and the two other sentinels."""
+        assert self.replica is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = True
+            for sentinel in self.sentinels:
+                replicas = sentinel.cli("SENTINEL", "replicas", self.service, check=False)
+                others = sentinel.cli("SENTINEL", "sentinels", self.service, check=False)
+                if str(self.replica.port) not in replicas or others.count(HOST) < 2:
+                    ready = False
+                    break
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                raise ServerError("the sentinels did not discover each other in time")
+            time.sleep(0.1)
+
+    def wait_master(self, port: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.master_port() != port:
+            if time.monotonic() > deadline:
+                raise ServerError(f"sentinels did not promote {port} in time")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for member in reversed(self.members):
+            with contextlib.suppress(Exception):
+                member.close()
+
+
+class ClusterDeployment:
+    """Three Redis Cluster masters covering all 16384 slots (no replicas)."""
+
+    def __init__(self, base: Path, size: int = 3) -> None:
+        # An explicit bus port: the default (port + 10000) overflows for the high ports
+        # that free_port() may hand out.
+        self.base = base
+        self.nodes = [self._node() for _ in range(size)]
+        self.replicas: list[RedisServer] = []
+
+    def _node(self) -> RedisServer:
+        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        args += ["--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"]
+        return RedisServer(self.base, extra_args=[*args, "--cluster-port", str(free_port())])
+
+    def start(self) -> ClusterDeployment:
+        try:
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                node.wait_ready()
+            addresses = [node.address for node in self.nodes]
+            command = [_need("redis-cli"), "--cluster", "create", *addresses]
+            command += ["--cluster-replicas", "0", "--cluster-yes"]
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=60, check=False
+            )
+            if result.returncode != 0:
+                raise ServerError(f"redis-cli --cluster create failed: {result.stderr}")
+            deadline = time.monotonic() + 30
+            while not all(
+                "cluster_state:ok" in node.cli("CLUSTER", "INFO", check=False)
+                for node in self.nodes
+            ):
+                if time.monotonic() > deadline:
+                    raise ServerError("the cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(node.address for node in self.nodes[:2])
+
+    def add_replica(self, master: RedisServer, timeout: float = 30) -> RedisServer:
+        """A new node that joins the cluster as a replica of ``master`` (online on return)."""
+        replica = self._node()
+        self.replicas.append(replica)
+        replica.start()
+        bus_port = master.extra_args[master.extra_args.index("--cluster-port") + 1]
+        replica.cli("CLUSTER", "MEET", HOST, str(master.port), bus_port)
+        master_id = master.cli("CLUSTER", "MYID")
+        deadline = time.monotonic() + timeout
+        while master_id not in replica.cli("CLUSTER", "NODES", check=False):
+            if time.monotonic() > deadline:
+                raise ServerError("the new node did not learn about its master")
+            time.sleep(0.05)
+        replica.cli("CLUSTER", "REPLICATE", master_id)
+        SentinelDeployment.wait_replica_online(master, replica, timeout)
+        # Every master must know the replica (by gossip from its master, which alone met
+        # it): a master that does not know it ignores its call for votes after a failover.
+        replica_id = replica.cli("CLUSTER", "MYID")
+        while not all(
+            f"{replica_id} " in n.cli("CLUSTER", "NODES", check=False) for n in self.nodes
+        ):
+            if time.monotonic() > deadline:
+                raise ServerError("the masters did not learn about the new replica")
+            time.sleep(0.05)
+        # Online is not enough: wait until a write is acknowledged (the replica may still be
+        # loading what it was sent).
+        probe = self.key_on(master)
+        while True:
+            result = subprocess.run(
+                [_need("redis-cli"), "-h", HOST, "-p", str(master.port)],
+                input=f"SET {probe} 1\nWAIT 1 200\n",
+                capture_output=True, text=True, timeout=10, check=False,
+            )  # fmt: skip
+            if result.stdout.split()[-1:] == ["1"]:
+                return replica
+            if time.monotonic() > deadline:
+                raise ServerError(f"the replica does not acknowledge writes: {result.stdout}")
+
+    def wait_promoted(self, replica: RedisServer, timeout: float = 30) -> None:
+        """Wait until ``replica`` serves as a master and the live masters agree the cluster
+        is whole again (after its master was killed: node timeout, then an election)."""
+        survivors = [replica, *(n for n in self.nodes if n.running)]
+        deadline = time.monotonic() + timeout
+        while not (
+            replica.cli("ROLE", check=False).startswith("master")
+            and all("cluster_state:ok" in n.cli("CLUSTER", "INFO", check=False) for n in survivors)
+        ):
+            if time.monotonic() > deadline:
+                raise ServerError("the replica was not promoted in time")
+            time.sleep(0.05)
+
+    def migrate_slot(self, slot: int, source: RedisServer, target: RedisServer) -> int:
+        """Move ``slot`` with its keys from master ``source`` to master ``target`` (what a
+        resharding does, one slot); returns how many keys moved."""
+        source_id, target_id = source.cli("CLUSTER", "MYID"), target.cli("CLUSTER", "MYID")
+        target.cli("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        source.cli("CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        keys = source.cli("CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split()
+        if keys:
+            moved = source.cli("MIGRATE", HOST, str(target.port), "", "0", "5000", "KEYS", *keys)
+            if moved != "OK":
+                raise ServerError(f"MIGRATE failed: {moved}")
+        for node in self.nodes:
+            if node.running:
+                node.cli("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+        return len(keys)
+
+    @staticmethod
+    def key_on(master: RedisServer) -> str:
+        """A key whose slot ``master`` serves."""
+        line = next(ln for ln in master.cli("CLUSTER", "NODES").splitlines() if "myself" in ln)
+        slots: set[int] = set()
+        for part in line.split()[8:]:
+            if not part.startswith("["):
+                first, _, last = part.partition("-")
+                slots.update(range(int(first), int(last or first) + 1))
+        for i in itertools.count():
+            if binascii.crc_hqx(f"probe{i}".encode(), 0) % 16384 in slots:  # its slot
+                return f"probe{i}"
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for node in [*self.replicas, *self.nodes]:
+            with contextlib.suppress(Exception):
+                node.close()

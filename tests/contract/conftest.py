@@ -21,6 +21,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "memory": ("aiodlock.backends.memory", ()),
     "sqlite": ("aiodlock.backends.sqlite", ()),
     "redis": ("aiodlock.backends.redis", (pytest.mark.redis,)),
+    "redis-sentinel": ("aiodlock.backends.redis", (pytest.mark.redis,)),
+    "redis-cluster": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
@@ -40,6 +42,8 @@ PARAMS = [
     for name, (module, marks) in BACKENDS.items()
     if _present(module)
 ]
+#: Redis Sentinel and Cluster: tests that need many runs to show a race run on them only
+REDIS_DEPLOYMENTS = [p for p in PARAMS if p.id in ("redis-sentinel", "redis-cluster")]
 
 
 @pytest.fixture(params=PARAMS)
@@ -56,6 +60,10 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return f"sqlite:///{tmp_path / 'locks.db'}"
     if backend == "redis":
         return str(request.getfixturevalue("redis_server").url)
+    if backend == "redis-sentinel":
+        return str(request.getfixturevalue("sentinel_deployment").url)
+    if backend == "redis-cluster":
+        return str(request.getfixturevalue("cluster_deployment").url)
     if backend == "redlock":
         servers = request.getfixturevalue("redlock_servers")
         return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)

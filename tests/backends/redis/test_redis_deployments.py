@@ -1,4 +1,4 @@
-"""Sentinel and Cluster deployments started on loopback by the fixtures (conftest.py)."""
+"""Sentinel and Cluster deployments started on loopback by the fixtures (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from redis.crc import key_slot
 import aiodlock
 from aiodlock._types import Grant, Request
 from aiodlock.backends.redis._cluster import ClusterLinks
+from tests.servers import ClusterDeployment, SentinelDeployment
 
-from .conftest import ClusterDeployment, SentinelDeployment
 from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, writes
 
 pytestmark = pytest.mark.redis
