@@ -16,7 +16,7 @@ import asyncio
 import collections
 import contextlib
 import random
-import weakref
+import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import ClassVar
 
@@ -391,37 +391,53 @@ class Timer:
 
 
 class SharedBoard:
-    """A :class:`WakeupBoard` shared by the backends of one event loop that use one resource.
+    """A :class:`WakeupBoard` that the backends of one process share per resource.
 
     Two clients of one process on one database file (say) hear each other's releases at
-    once through it, instead of at their next poll.  The core keeps these boards, not the
-    backends: the one process-wide registry of the core, keyed by event loop (gone with
-    its loop) and by the resource the backend names; an entry lives while a backend that
-    joined it has not left.
+    once through it, instead of at their next poll, also when they run in two event loops
+    (threads): each loop has its board, and a release that finds no waiter on its own
+    loop's board rings one waiter on each other loop's, thread-safely.  The core keeps
+    these boards, not the backends: it is the core's one process-wide registry (by
+    resource, then by loop); an entry lives while a backend that joined it has not left.
     """
 
-    _loops: ClassVar[
-        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, SharedBoard]]
-    ] = weakref.WeakKeyDictionary()
+    _registry: ClassVar[dict[Hashable, dict[asyncio.AbstractEventLoop, SharedBoard]]] = {}
+    _mutex: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, boards: dict[Hashable, SharedBoard], resource: Hashable) -> None:
+    def __init__(self, resource: Hashable, loop: asyncio.AbstractEventLoop) -> None:
         self.board = WakeupBoard()
-        self._boards = boards
         self._resource = resource
+        self._loop = loop
         self._users = 0
 
     @classmethod
     def join(cls, resource: Hashable) -> SharedBoard:
         """The board of ``resource`` on the running loop; :meth:`leave` it once when done."""
-        boards = cls._loops.setdefault(asyncio.get_running_loop(), {})
-        shared = boards.get(resource)
-        if shared is None:
-            shared = boards[resource] = cls(boards, resource)
-        shared._users += 1
+        loop = asyncio.get_running_loop()
+        with cls._mutex:
+            boards = cls._registry.setdefault(resource, {})
+            shared = boards.get(loop)
+            if shared is None:
+                shared = boards[loop] = cls(resource, loop)
+            shared._users += 1
         return shared
 
     def leave(self) -> None:
         """One backend that joined leaves (call it once per join)."""
-        self._users -= 1
-        if self._users <= 0:
-            self._boards.pop(self._resource, None)
+        with self._mutex:
+            self._users -= 1
+            boards = self._registry.get(self._resource, {})
+            if self._users <= 0 and boards.get(self._loop) is self:
+                del boards[self._loop]
+                if not boards:
+                    del self._registry[self._resource]
+
+    def wake_one(self, name: str) -> None:
+        """Wake one waiter of ``name`` on this loop's board, or else one on each other's."""
+        if self.board.wake_one(name):
+            return
+        with self._mutex:
+            others = [s for s in self._registry.get(self._resource, {}).values() if s is not self]
+        for other in others:
+            with contextlib.suppress(RuntimeError):  # (its loop closed without leaving)
+                other._loop.call_soon_threadsafe(other.board.wake_one, name)

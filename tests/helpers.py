@@ -9,8 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -127,3 +128,23 @@ def tls_server_args(port: int, ca: Path, cert: Path, key: Path) -> list[str]:
         "--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
         "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
     ]  # fmt: skip
+
+
+def in_threads(*coroutines: Coroutine[Any, Any, None]) -> None:
+    """Run each coroutine under its own ``asyncio.run`` in a thread of its own."""
+    errors: list[BaseException] = []
+
+    def run(coroutine: Coroutine[Any, Any, None]) -> None:
+        try:
+            asyncio.run(coroutine)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in coroutines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HANG * 2)
+        assert not thread.is_alive(), "a thread still runs: a waiter was never woken"
+    if errors:
+        raise errors[0]

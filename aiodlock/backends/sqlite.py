@@ -389,7 +389,7 @@ class SQLiteBackend(Backend):
 
     def _wake_one(self, name: str) -> None:
         if self._shared is not None:
-            self._shared.board.wake_one(self.board_key(name))
+            self._shared.wake_one(self.board_key(name))
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self._waiter(request)

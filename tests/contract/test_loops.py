@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import aiodlock
-from tests.helpers import HANG
+from tests.helpers import HANG, in_threads
 
 
 def test_a_client_refuses_every_use_from_another_loop(lock_url: str, namespace: str) -> None:
@@ -97,26 +97,6 @@ def test_a_release_in_one_thread_wakes_a_waiter_in_another(
             times["acquired"] = time.monotonic()
             await lock.release()
 
-    _in_threads(holder(), waiter())
+    in_threads(holder(), waiter())
     # (the bug: the waiter got it when its 10 s timeout ran out, or never)
     assert times["acquired"] - times["released"] < 3.0, times
-
-
-def _in_threads(*coroutines: Coroutine[Any, Any, None]) -> None:
-    """Run each coroutine under its own ``asyncio.run`` in a thread of its own."""
-    errors: list[BaseException] = []
-
-    def run(coroutine: Coroutine[Any, Any, None]) -> None:
-        try:
-            asyncio.run(coroutine)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in coroutines]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(HANG * 2)
-        assert not thread.is_alive(), "a thread still runs: a waiter was never woken"
-    if errors:
-        raise errors[0]

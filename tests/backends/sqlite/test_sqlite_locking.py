@@ -6,6 +6,7 @@ import asyncio
 import random
 import sqlite3
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import aiodlock
 from aiodlock._types import Busy, Grant, Request, monotonic
 from aiodlock.backends import sqlite as sqlite_backend
+from tests.helpers import in_threads
 
 from .sqlite_helpers import ClientFactory, backend_of
 
@@ -426,6 +428,36 @@ async def test_the_board_is_shared_per_file_and_dropped_on_close(
     d = backend_of(await make_client())
     assert d.board is not None
     assert d.board is not board
+
+
+def test_a_release_in_another_loop_of_the_process_wakes_the_waiter_at_once(
+    tmp_path: Path,
+) -> None:
+    """Two clients of one file in two threads (an event loop each): the releaser's backend
+    rings the waiter's loop, so the waiter, whose polls are 2.5-5 s apart, goes at once."""
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    held, waiting = threading.Event(), threading.Event()
+    times: dict[str, float] = {}
+
+    async def holder() -> None:
+        async with aiodlock.connect(url) as client, client.lock("threads"):
+            held.set()
+            assert await asyncio.to_thread(waiting.wait, 30)
+            times["released"] = time.monotonic()
+
+    async def waiter() -> None:
+        async with aiodlock.connect(url, poll_min=5.0, poll_max=5.0) as client:
+            assert await asyncio.to_thread(held.wait, 30)
+            task = asyncio.create_task(client.lock("threads", owner="w").acquire())
+            await asyncio.sleep(0.3)  # (past its first attempt: asleep for 2.5-5 s)
+            assert not task.done()
+            waiting.set()
+            await asyncio.wait_for(task, 30)
+            times["acquired"] = time.monotonic()
+            await client.lock("threads", owner="w").release()
+
+    in_threads(holder(), waiter())
+    assert times["acquired"] - times["released"] < 1.0, times
 
 
 # -- cancellation --------------------------------------------------------------------------
