@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -133,12 +132,15 @@ class WakeupBoard:
 
     ``wake_one(name)`` sets the event of the oldest waiter that has no pending wake-up; a
     waiter that leaves with an unconsumed wake-up passes it on, so a wake-up is never lost
-    because its receiver timed out or was cancelled.
+    because its receiver timed out or was cancelled.  ``single``: one wake-up at a time per
+    name (while one is on its way, another announcement of the same release, as every
+    Redlock node sends, wakes nobody else).
     """
 
-    def __init__(self) -> None:
-        self._slots: dict[str, collections.OrderedDict[int, Slot]] = {}
+    def __init__(self, single: bool = False) -> None:
+        self._slots: dict[str, dict[int, Slot]] = {}
         self._seq = 0
+        self._single = single
 
     def __contains__(self, name: str) -> bool:
         return name in self._slots
@@ -147,26 +149,13 @@ class WakeupBoard:
         return list(self._slots)
 
     def count(self, name: str) -> int:
-        slots = self._slots.get(name)
-        return len(slots) if slots else 0
-
-    @contextlib.contextmanager
-    def register(self, name: str) -> Iterator[Slot]:
-        """A place for one waiter of ``name`` while inside (:meth:`add`, :meth:`remove`)."""
-        slot = self.add(name)
-        try:
-            yield slot
-        finally:
-            self.remove(slot)
+        return len(self._slots.get(name, ()))
 
     def add(self, name: str, tag: object = None) -> Slot:
         """A new waiter of ``name``, the last in line; :meth:`remove` it when it leaves."""
         self._seq += 1
         slot = Slot(name, self._seq, tag)
-        slots = self._slots.get(name)
-        if slots is None:
-            slots = self._slots[name] = collections.OrderedDict()
-        slots[slot.key] = slot
+        self._slots.setdefault(name, {})[slot.key] = slot
         return slot
 
     def remove(self, slot: Slot) -> None:
@@ -180,40 +169,31 @@ class WakeupBoard:
         if slot.event.is_set():
             self.wake_one(name)
 
-    def wake_one(self, name: str, may_go: Callable[[object], bool] | None = None) -> bool:
-        """Wake the oldest waiter of ``name`` with no wake-up on its way (and, given
-        ``may_go``, whose tag it accepts)."""
+    def wake_one(self, name: str) -> bool:
+        """Wake the oldest waiter of ``name`` with no wake-up on its way; True: one is."""
         slots = self._slots.get(name)
         if not slots:
             return False
         for slot in slots.values():
-            if not slot.event.is_set() and (may_go is None or may_go(slot.tag)):
+            if slot.event.is_set():
+                if self._single:
+                    return True
+            else:
                 slot.event.set()
                 return True
         return False
 
-    def pending(self, name: str) -> bool:
-        """Is a wake-up on its way to a waiter of ``name`` (set, not consumed yet)?"""
-        slots = self._slots.get(name)
-        return slots is not None and any(slot.event.is_set() for slot in slots.values())
-
     def wake_tagged(self, name: str, tag: object) -> bool:
         """Wake the waiter of ``name`` added with ``tag``, if it waits here."""
-        slots = self._slots.get(name)
-        if slots:
-            for slot in slots.values():
-                if slot.tag == tag:
-                    slot.event.set()
-                    return True
+        for slot in self._slots.get(name, {}).values():
+            if slot.tag == tag:
+                slot.event.set()
+                return True
         return False
 
     def wake_all(self, name: str) -> None:
         for slot in list(self._slots.get(name, {}).values()):
             slot.event.set()
-
-    def wake_everyone(self) -> None:
-        for name in list(self._slots):
-            self.wake_all(name)
 
 
 class InFlight:
@@ -303,39 +283,43 @@ class Reservations:
 
 
 class BoardWaiter(Waiter):
-    """A waiter woken through a :class:`WakeupBoard`, optionally also polling with backoff.
+    """A waiter woken through a :class:`WakeupBoard`, also polling with ``backoff`` (if
+    any) while ``listening`` (if given) says that a release would not reach it."""
 
-    ``backoff=None`` means purely event-driven (the timeout passed to :meth:`wait` still
-    bounds the sleep, e.g. the holder's remaining lease).  (It hears this process only.)
-    """
-
-    def __init__(self, slot: Slot, backoff: Backoff | None) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        backoff: Backoff | None,
+        listening: Callable[[], bool] | None = None,
+    ) -> None:
         self._slot = slot
         self._backoff = backoff
-
-    def polling(self) -> bool:
-        """Does the next sleep end at the next backoff step too (not only at a wake-up)?"""
-        return self._backoff is not None
+        self._listening = listening
 
     @classmethod
     @contextlib.asynccontextmanager
     async def context(
         cls, board: WakeupBoard, name: str, backoff: Backoff | None = None
     ) -> AsyncIterator[BoardWaiter]:
-        with board.register(name) as slot:
+        slot = board.add(name)
+        try:
             yield cls(slot, backoff)
+        finally:
+            board.remove(slot)
+
+    def listening(self) -> bool:
+        return self._listening is not None and self._listening()
 
     async def wait(self, timeout: float | None) -> bool:
         backoff = self._backoff
-        if backoff is not None and self.polling():
+        if backoff is not None and not self.listening():
             delay = backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
         await slot.event.wait(timeout)
         if not slot.event.is_set():
             return False
-        # Consume the wake-up: the next sleep waits for a new one.
-        slot.event = Wakeup()
+        slot.event = Wakeup()  # consumed: the next sleep waits for a new one
         if backoff is not None:
             backoff.reset()
         return True
@@ -359,7 +343,7 @@ class Timer:
 
     __slots__ = ("_when", "due", "handle")
 
-    def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
+    def __init__(self, due: Callable[[float], float | None]) -> None:
         self.due = due
         self.handle: asyncio.TimerHandle | None = None
         self._when = 0.0

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import describe
 from ..._types import monotonic
-from ..._wakeup import Backoff, Timer, WakeupBoard
+from ..._wakeup import Backoff, BoardWaiter, Slot, Timer, WakeupBoard
 from ._wire import Link, NodeConnectionError, PushPipe, pack
 
 log = logging.getLogger("aiodlock")
@@ -326,3 +327,94 @@ class PubSubHub:
             state.inflight = max(0, state.inflight - 1)
             if state.inflight == 0 and not state.wanted and not state.requested:
                 del self._channels[channel]
+
+
+class Listening:
+    """The waiter of both Redis backends (a class, not a generator: every contended
+    acquisition enters and leaves one): a place on the board, then ``channel`` on every hub.
+
+    With several hubs (Redlock's nodes) entering waits, at most ``bound`` seconds, until
+    ``need`` of them confirmed the channel: a holder's release reaches a majority, so one of
+    its messages then reaches us; the others subscribe in the background, and polling covers
+    what they miss.  ``tag`` names the waiter in a message that calls it alone.
+    """
+
+    __slots__ = ("_board", "_channel", "_entered", "_entering", "_hubs", "_slot", "_with")
+
+    def __init__(
+        self,
+        board: WakeupBoard,
+        hubs: Sequence[PubSubHub],
+        channel: bytes,
+        tag: object,
+        backoff: Backoff,
+        *,
+        need: int = 1,
+        bound: float = 0.0,
+        listen: bool = True,
+    ) -> None:
+        self._board = board
+        self._hubs = hubs
+        self._channel = channel
+        self._slot: Slot | None = None
+        self._with = (tag, backoff, need, bound, listen)
+        #: (hub, its channel state) subscribed, and (hub, task) still subscribing
+        self._entered: list[tuple[PubSubHub, Channel]] = []
+        self._entering: list[tuple[PubSubHub, asyncio.Task[Channel]]] = []
+
+    async def __aenter__(self) -> BoardWaiter:
+        channel, hubs = self._channel, self._hubs
+        tag, backoff, need, bound, listen = self._with
+        slot = self._slot = self._board.add(channel.decode("latin-1"), tag)
+        try:
+            for hub in hubs:
+                if len(hubs) == 1 or hub.is_ready(channel):
+                    # (at once when already subscribed; else bounded by op_timeout)
+                    self._entered.append((hub, await hub.subscribe(channel)))
+                else:
+                    task = asyncio.get_running_loop().create_task(hub.subscribe(channel))
+                    self._entering.append((hub, task))
+            if self._entering:
+                await self._confirmed(need, bound)
+        except BaseException:
+            self._leave()
+            raise
+        for _, state in self._entered:
+            if state.missed and listen:
+                # A release came while no local waiter listened: try again at once.  (A
+                # waiter that polls anyway, Redlock's, does not: each node announces it.)
+                state.missed = 0
+                slot.event.set()
+        one = hubs[0]
+        ready = functools.partial(one.is_ready, channel) if len(hubs) == 1 and listen else None
+        waiter = BoardWaiter(slot, backoff, ready)
+        since = sorted(t for t in (hub.ready_since(channel) for hub in hubs) if t is not None)
+        waiter.listening_since = since[need - 1] if len(since) >= need else None
+        return waiter
+
+    async def _confirmed(self, need: int, bound: float) -> None:
+        """Until ``need`` hubs confirmed the channel (or every subscription ended)."""
+        deadline = monotonic() + bound
+        pending = {task for _, task in self._entering}
+        while pending and sum(hub.is_ready(self._channel) for hub in self._hubs) < need:
+            left = deadline - monotonic()
+            if left <= 0:
+                return
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        channel = self._channel
+        for hub, state in self._entered:
+            hub.leave(channel, state)
+        for hub, task in self._entering:
+            if not task.done():
+                task.cancel()  # (a cancelled subscribe leaves by itself)
+            elif not task.cancelled() and task.exception() is None:
+                hub.leave(channel, task.result())
+        if self._slot is not None:
+            self._board.remove(self._slot)

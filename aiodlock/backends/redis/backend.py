@@ -19,13 +19,12 @@ from ..._types import (
     monotonic,
 )
 from ..._url import ParsedURL
-from ..._wakeup import WakeupBoard
+from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import Settings, connect_deployment, parse_settings
 from ._node import GrantData, RedisNode, ms
-from ._pubsub import PubSubHub
+from ._pubsub import Listening, PubSubHub
 from ._scripts import LockKeys, key_table
-from ._waiting import Waiting
 
 
 def _nothing() -> None:
@@ -148,7 +147,14 @@ class RedisBackend(Backend):
         return Busy((-1 - value) / 1000 if value else None)
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        return Waiting(self.board, self.hub, self._keys(request.name), request)
+        keys = self._keys(request.name)
+        if request.fair:  # (its own channel, where only its turn is announced)
+            return Listening(
+                self.board, (self.hub,), keys.waiter_channel(request.owner), None, Backoff()
+            )
+        # (in line, once urgent, the message that calls it names it)
+        tag = request.owner.encode("utf-8", "surrogatepass")
+        return Listening(self.board, (self.hub,), keys.channel, tag, Backoff())
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:

@@ -28,15 +28,14 @@ Each node is spoken to over ONE pipelined connection (:class:`~._wire.Link`, as 
 backend does; the fan-out is :class:`~._quorum.Quorum`): a fan-out costs one write per node
 and one wake-up of the caller, and every request to a node runs after the ones sent before
 it (an attempt's clean-up can never overtake the attempt, even on a node that was paused in
-between).  This process's local state (waiters, holders, split-vote pauses) is
-:class:`~._redlock_waiting.RedlockLocal`.
+between).  The local turns of this process's tasks are the core's
+(:attr:`Capability.LOCAL_TURNS`).
 
 See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -59,12 +58,12 @@ from ..._types import (
     monotonic,
 )
 from ..._url import ParsedURL
+from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
 from ._node import acquire_call, ms, release_calls
-from ._pubsub import PubSubHub
+from ._pubsub import Listening, PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered, any_answer
-from ._redlock_waiting import RedlockLocal, RedlockWaiting
 from ._scripts import (
     ABANDON,
     FORCE_RELEASE,
@@ -93,7 +92,6 @@ DRIFT_FLOOR: Final = 0.002
 @dataclasses.dataclass(slots=True)
 class GrantData:
     keys: LockKeys
-    channel_key: str
     #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
     tokens: dict[int, int]
     #: the lease's token (the largest of them)
@@ -110,7 +108,7 @@ class RedlockBackend(Backend):
 
     backend_name = "redlock"
     # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+    capabilities = Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS
 
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
         self.settings = settings
@@ -119,8 +117,8 @@ class RedlockBackend(Backend):
         self._nodes: list[Node] = []
         #: Per node, from when its votes count; None while every node counts (rejoin_delay)
         self._after: list[float] | None = None
-        #: This process's waiters and what it knows of each name (local policy).
-        self.waiting = RedlockLocal(config.op_timeout, settings.retry_delay)
+        #: The local waiters by channel, woken by every node's hub (one at a time).
+        self.board = WakeupBoard(single=True)
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
         every = (settings.password, *(settings.passwords or ()))
@@ -187,7 +185,7 @@ class RedlockBackend(Backend):
         pubsub = link()
         node.hub = PubSubHub(
             pubsub,
-            self.waiting.board,
+            self.board,
             op_timeout=self.config.op_timeout,
             ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
             label=node.label,
@@ -267,25 +265,6 @@ class RedlockBackend(Backend):
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         keys = self.keys_for(request.name)
-        ckey = keys.channel_key
-        waiting = self.waiting
-        decided = waiting.before_attempt(ckey, request.owner, will_wait)
-        if isinstance(decided, Busy):
-            return decided
-        local, handoff = decided
-        until: float | None = None
-        try:
-            result = await self._attempt(keys, ckey, request, will_wait)
-            if isinstance(result, Grant):
-                until = result.expires_at
-                assert until is not None
-            return result
-        finally:
-            waiting.after_attempt(ckey, local, handoff, request.owner, until)
-
-    async def _attempt(
-        self, keys: LockKeys, ckey: str, request: Request, will_wait: bool
-    ) -> Grant | Busy:
         nodes = self.nodes
         owner = request.owner
         ttl = request.ttl
@@ -308,7 +287,7 @@ class RedlockBackend(Backend):
             if level and monotonic() - started + drift < ttl:
                 # NOTE: the ballot's own tokens: a node that grants after the vote adds its
                 # token there, and the release and renewals then send it that token.
-                data = GrantData(keys, ckey, tokens, token, ballot)
+                data = GrantData(keys, tokens, token, ballot)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
@@ -353,10 +332,7 @@ class RedlockBackend(Backend):
             needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
             return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
         # A split vote (or nodes not counted yet): try again after a random pause.
-        pause = random.uniform(0.0, self.settings.retry_delay)
-        if will_wait:
-            self.waiting.pause(ckey, owner, pause)
-        return Busy(pause)
+        return Busy(random.uniform(0.0, self.settings.retry_delay), pause=True)
 
     async def _raise_counters(
         self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
@@ -399,34 +375,18 @@ class RedlockBackend(Backend):
         )
 
     def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        channel = self.keys_for(request.name).channel
-        return RedlockWaiting(self.waiting, self, channel, request.owner)
-
-    def hubs(self) -> list[PubSubHub]:
-        """The nodes' pub/sub hubs (after :meth:`open`)."""
-        return [node.hub for node in self.nodes]
-
-    def majority_since(self, channel: bytes) -> float | None:
-        """Since when a majority of the nodes has ``channel`` confirmed without a break."""
-        since = sorted(
-            t for t in (node.hub.ready_since(channel) for node in self.nodes) if t is not None
+        # (every node's hub; the waiter also polls at random intervals up to retry_delay)
+        delay = self.settings.retry_delay
+        return Listening(
+            self.board,
+            [node.hub for node in self.nodes],
+            self.keys_for(request.name).channel,
+            None,
+            Backoff(delay, delay),
+            need=self.quorum,
+            bound=min(self.config.op_timeout, max(0.25, 5 * self._patience)),
+            listen=False,
         )
-        return since[self.quorum - 1] if len(since) >= self.quorum else None
-
-    async def await_subscriptions(self, channel: bytes, tasks: list[asyncio.Task[Any]]) -> None:
-        """Until a majority of the nodes confirmed ``channel`` (or ``tasks`` ended), briefly."""
-        nodes = self.nodes
-        deadline = monotonic() + min(self.config.op_timeout, max(0.25, 5 * self._patience))
-        pending = set(tasks)
-        while pending:
-            if sum(1 for node in nodes if node.hub.is_ready(channel)) >= self.quorum:
-                return
-            left = deadline - monotonic()
-            if left <= 0:
-                return
-            _, pending = await asyncio.wait(
-                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
@@ -483,14 +443,11 @@ class RedlockBackend(Backend):
         valid = now - started + drift < ttl
         results: list[float | None] = []
         undecided = 0
-        for i, (grant, d) in enumerate(zip(grants, data, strict=True)):
+        for i in range(len(grants)):
             if yes[i] >= quorum and valid:
-                expires_at = started + ttl - drift
-                results.append(expires_at)
-                self.waiting.renewed(d.channel_key, grant.owner, expires_at)
+                results.append(started + ttl - drift)
             elif yes[i] + unknown[i] < quorum or not valid:
                 results.append(None)
-                self.waiting.forget_holder(d.channel_key, grant.owner)
             else:
                 undecided += 1
                 results.append(None)
@@ -528,17 +485,14 @@ class RedlockBackend(Backend):
                     request.append(template.fill(mine))  # (a lagging counter, raised since)
         tally = Votes(len(nodes), self.quorum, acquire=False)
         self.fan.start(nodes, request, tally)
-        return self._finish_release(grant, d, tally)
+        return self._finish_release(grant, tally)
 
     async def _release_failed(self, grant: Grant) -> bool:
         grant_data(grant)  # TypeError for a grant of another backend
         raise BackendError("redlock: the backend is not open")
 
-    async def _finish_release(self, grant: Grant, d: GrantData, tally: Votes) -> bool:
-        try:
-            await self.fan.finish(tally, timeout=self.config.op_timeout, patience=0.0)
-        finally:
-            self.waiting.released(d.channel_key, grant.owner)
+    async def _finish_release(self, grant: Grant, tally: Votes) -> bool:
+        await self.fan.finish(tally, timeout=self.config.op_timeout, patience=0.0)
         if tally.yes >= tally.need:
             return True
         n = len(tally.replies)
@@ -552,14 +506,7 @@ class RedlockBackend(Backend):
         )
 
     async def abandon(self, request: Request) -> None:
-        keys = self.keys_for(request.name)
-        ckey = keys.channel.decode("latin-1")
-        owner = request.owner
-        self.waiting.abandoned(ckey, owner)
-        try:
-            outcomes = await self._undo(keys, owner, self.nodes)
-        finally:
-            self.waiting.forget_holder(ckey, owner)
+        outcomes = await self._undo(self.keys_for(request.name), request.owner, self.nodes)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:
             raise BackendError(
