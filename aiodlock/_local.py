@@ -1,21 +1,20 @@
 """Layer 2: a client's own waiters, and the hand-off of a lock between them.
 
-When a task of a client releases a name that another task of the SAME client waits for,
-the core decides what happens; a backend only says what its protocol does better:
+When a task releases a name that another task of the SAME client waits for, the core
+decides what happens; a backend only says what its protocol does better:
 
-* **transfer** (:attr:`Capability.TRANSFER`): the backend releases a grant and grants the
-  name to a chosen local waiter in one round trip.  The core picks the receiver (the oldest
-  local waiter not busy with an attempt of its own), delivers the grant without a second
-  round trip, and settles what a hand-off left when the receiver leaves meanwhile;
+* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to a chosen
+  local waiter in one round trip; the core picks the receiver (the oldest not busy with an
+  attempt of its own), delivers the grant, and settles what a hand-off left when the
+  receiver leaves meanwhile;
 * **reservation**: after a release that will wake a local waiter, the next attempt on the
-  name is that waiter's for a short window, so that another local task (typically the
-  releasing task, asking again at once) does not barge past it;
+  name is that waiter's for a short window (see :class:`~._wakeup.Reservations`);
 * **local turns** (:attr:`Capability.LOCAL_TURNS`, a quorum protocol): one attempt per name
   at a time, an attempt answered locally while another owner of the client holds the name,
-  and a release wakes the next local waiter directly (not one pausing after a split vote).
+  and a release wakes the next local waiter itself (not one pausing after a split vote).
 
-NOTE: every hand-off is local to one client (a lock never passes between clients without
-the server), and a fair request never takes part (its order is the server's).
+NOTE: a lock never passes between clients without the server, and a fair request never
+takes part (its order is the server's).
 """
 
 from __future__ import annotations
@@ -151,11 +150,8 @@ class LocalWaiters:
         return None
 
     def hears_release(self, name: str) -> bool:
-        """Will the server's announcement of a release of ``name`` reach a waiter here?
-
-        NOTE: only once its subscription (watch...) is confirmed: before, the message is
-        lost, and a reservation for a waiter never woken would stall every local task.
-        """
+        """Will the server's announcement of a release reach a waiter here (its subscription
+        confirmed: a reservation for a waiter never woken would stall every local task)?"""
         entries = self._names.get(name)
         return entries is not None and any(e.waiter.listening() for e in entries.values())
 

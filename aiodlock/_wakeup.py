@@ -1,14 +1,6 @@
-"""Layer 1: what a waiting task sleeps on, and the one timer a sleep needs.
-
-* :class:`Wakeup`: a flag ONE task waits on, with an optional time limit (one future, one
-  ``call_later``; no task cancellation);
-* :class:`WakeupBoard`: a client's local waiters by name, woken one at a time, a wake-up
-  never lost when its receiver leaves;
-* :class:`Backoff`, :class:`BackoffWaiter`, :class:`BoardWaiter`: the waiters of backends
-  that poll, or that hear of releases only inside this process;
-* :class:`Reservations`: after a local release woke one local waiter, the next attempt on
-  the name is that waiter's for a short window.
-"""
+"""Layer 1: what a waiting task sleeps on (:class:`Wakeup`, :class:`WakeupBoard`, the
+polling and board waiters), :class:`Reservations`, :class:`InFlight` and THE one-timer
+mechanism (:class:`Timer`)."""
 
 from __future__ import annotations
 
@@ -34,7 +26,7 @@ __all__ = [
 
 
 class Backoff:
-    """Capped exponential backoff with full jitter (AWS style), for polling backends."""
+    """Capped exponential backoff with full jitter (AWS style)."""
 
     def __init__(self, first: float = 0.005, cap: float = 0.25, factor: float = 2.0) -> None:
         self.first = first
@@ -74,12 +66,8 @@ def _expire(future: asyncio.Future[None]) -> None:
 
 
 class Wakeup:
-    """A wake-up flag that ONE task at a time waits on, with an optional time limit.
-
-    What :class:`asyncio.Event` does for a waiter's slot, without the list of waiters, and a
-    timed wait without :func:`asyncio.timeout` (no cancellation of the task, one timer): a
-    slot is waited on by its own task only, once per contended acquisition.
-    """
+    """A wake-up flag that ONE task at a time waits on, with an optional time limit: an
+    :class:`asyncio.Event` without the list of waiters, timed without cancelling the task."""
 
     __slots__ = ("_future", "_set")
 
@@ -123,19 +111,13 @@ class Slot:
         self.event = Wakeup()
         self.name = name
         self.key = key
-        #: What names this waiter in a wake-up meant for it alone (see ``wake_tagged``).
-        self.tag = tag
+        self.tag = tag  # (names this waiter in a wake-up meant for it alone)
 
 
 class WakeupBoard:
-    """Local waiters by name, woken one at a time.
-
-    ``wake_one(name)`` sets the event of the oldest waiter that has no pending wake-up; a
-    waiter that leaves with an unconsumed wake-up passes it on, so a wake-up is never lost
-    because its receiver timed out or was cancelled.  ``single``: one wake-up at a time per
-    name (while one is on its way, another announcement of the same release, as every
-    Redlock node sends, wakes nobody else).
-    """
+    """Local waiters by name, woken one at a time; a waiter that leaves with an unconsumed
+    wake-up passes it on.  ``single``: one wake-up on its way per name at most (every
+    Redlock node announces the same release)."""
 
     def __init__(self, single: bool = False) -> None:
         self._slots: dict[str, dict[int, Slot]] = {}
@@ -152,14 +134,12 @@ class WakeupBoard:
         return len(self._slots.get(name, ()))
 
     def add(self, name: str, tag: object = None) -> Slot:
-        """A new waiter of ``name``, the last in line; :meth:`remove` it when it leaves."""
         self._seq += 1
         slot = Slot(name, self._seq, tag)
         self._slots.setdefault(name, {})[slot.key] = slot
         return slot
 
     def remove(self, slot: Slot) -> None:
-        """The waiter leaves; a wake-up it did not consume goes to the next one."""
         name = slot.name
         slots = self._slots.get(name)
         if slots is not None:
@@ -231,15 +211,9 @@ class InFlight:
 
 
 class Reservations:
-    """Hand-off reservations: after a release by this process woke ONE local waiter of a
-    name, the next attempt on that name is that waiter's for up to ``window`` seconds.
-
-    Without it another local task (typically the releasing task, asking again at once)
-    would race the woken waiter with a round trip of its own and usually win, so local
-    waiters would starve behind a task that loops on the lock.  The window only bounds the
-    stall when the woken waiter is gone; its attempt ends the reservation at once.  One
-    per backend, keyed by whatever names a lock there.
-    """
+    """After a local release woke ONE local waiter of a name, the next attempt on the name
+    is that waiter's for up to ``window`` seconds (else the releasing task, asking again at
+    once, would usually win and starve it); the woken waiter's attempt ends it."""
 
     __slots__ = ("_until", "window")
 
@@ -254,20 +228,15 @@ class Reservations:
         return name in self._until
 
     def reserve(self, name: str) -> None:
-        """A release by this process woke (or its message will wake) a waiter of ``name``."""
         self._until[name] = monotonic() + self.window
 
     def active(self, name: str) -> bool:
-        """Is the next attempt on ``name`` reserved right now?"""
         until = self._until.get(name)
         return until is not None and until > monotonic()
 
     def bar(self, name: str, woken: bool) -> float | None:
-        """Seconds an attempt on ``name`` must wait for the reserved one, or None: it may go.
-
-        ``woken``: the attempt is a woken waiter's, which may always go (and must
-        :meth:`end` the reservation once its attempt is answered).
-        """
+        """Seconds an attempt on ``name`` must wait for the reserved one, or None: it may go
+        (always when ``woken``: then :meth:`end` it once the attempt is answered)."""
         until = self._until.get(name)
         if until is None or woken:
             return None
@@ -278,7 +247,6 @@ class Reservations:
         return None
 
     def end(self, name: str) -> None:
-        """The reserved attempt was made."""
         self._until.pop(name, None)
 
 
@@ -331,14 +299,10 @@ class BoardWaiter(Waiter):
 class Timer:
     """ONE loop timer for any number of deadlines (on :func:`monotonic`).
 
-    :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
-    comparison); when it fires it calls ``due(now)``, which handles whatever is due and
-    returns the next deadline, or None to rest until :meth:`at` is called again.  ``handle``
-    is None while it rests (a caller whose deadlines only grow need not call :meth:`at`
-    while it is armed).  A timer
-    per request (armed, then cancelled when the answer comes a fraction of a millisecond
-    later) costs a heap push and a cancellation each time; this costs one per earliest
-    deadline.
+    :meth:`at` arms it for the earliest deadline asked so far; when it fires it calls
+    ``due(now)``, which returns the next deadline or None to rest (``handle`` is None then).
+    A timer per request (armed, then cancelled a fraction of a millisecond later) would cost
+    a heap push and a cancellation each time.
     """
 
     __slots__ = ("_when", "due", "handle")
@@ -349,7 +313,6 @@ class Timer:
         self._when = 0.0
 
     def at(self, when: float) -> None:
-        """Fire at ``when`` at the latest."""
         handle = self.handle
         if handle is not None:
             if when >= self._when:

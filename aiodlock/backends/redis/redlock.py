@@ -1,35 +1,15 @@
 """``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
 
-Each master keeps the same data as a plain ``redis://`` lock: the key layout and the Lua
-scripts of :mod:`._scripts` (shared with the Redis backend, run by
-SHA).  This module adds the quorum on top:
-
-1. note the start on the monotonic clock;
-2. ask every node AT ONCE, each answer awaited at most ``node_timeout``; a node that times
-   out or fails counts as a no;
-3. the lock is held only if a majority (``N // 2 + 1``) said yes and the time spent is
-   below the ttl: the lease is then valid until ``start + ttl - drift`` with
-   ``drift = ttl * drift_factor + 2 ms``;
-4. otherwise the attempt is undone on every node that granted or did not answer (all at
-   once) and the waiting loop of the core tries again later (after a random pause of at
-   most ``retry_delay`` when the vote was split);
-5. renewals (batched by the core's watchdog) and releases fan out the same way;
-6. a waiter listens to the release channel of the name on every node (one shared pub/sub
-   connection per node, :class:`~._pubsub.PubSubHub`) and also retries at
-   random intervals, so a lost message or a dead node never strands it;
-7. the fencing token is the largest of the per-node ``INCR`` counters among the nodes that
-   granted; when they differ, the lagging counters are raised to it on a majority before the
-   grant is returned (so that, while no counter is lost, every later grant sees it);
-8. ``rejoin_delay``: a node that lost its data (a restart without persistence, detected by a
-   marker key that vanished) does not count towards a majority until that long after it was
-   first seen empty.
-
-Each node is spoken to over ONE pipelined connection (:class:`~._wire.Link`, as the Redis
-backend does; the fan-out is :class:`~._quorum.Quorum`): a fan-out costs one write per node
-and one wake-up of the caller, and every request to a node runs after the ones sent before
-it (an attempt's clean-up can never overtake the attempt, even on a node that was paused in
-between).  The local turns of this process's tasks are the core's
-(:attr:`Capability.LOCAL_TURNS`).
+Each master keeps the data and runs the scripts of a plain ``redis://`` lock; this module
+adds the quorum.  An attempt asks every node at once (each answer awaited at most
+``node_timeout``): the lock is held when a majority said yes within the ttl, valid until
+``start + ttl - drift`` (``drift = ttl * drift_factor + 2 ms``); otherwise it is undone on
+every node that did not say no, and a split vote pauses the owner for a random time of at
+most ``retry_delay``.  The fencing token is the largest of the granting nodes' counters
+(the lagging ones are raised to it on a majority first).  With ``rejoin_delay``, a node
+that lost its data counts only that long after it was first seen empty.  Every node is one
+pipelined :class:`~._wire.Link` (an attempt's clean-up never overtakes it) and one
+:class:`~._pubsub.PubSubHub`; the local turns of this process's tasks are the core's.
 
 See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
@@ -61,17 +41,21 @@ from ..._url import ParsedURL
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import acquire_call, ms, release_calls
+from ._node import (
+    abandon_call,
+    acquire_call,
+    force_release_call,
+    ms,
+    release_calls,
+    status_call,
+)
 from ._pubsub import Listening, PubSubHub
-from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered, any_answer
+from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
 from ._scripts import (
-    ABANDON,
-    FORCE_RELEASE,
     RAISE_COUNTER,
     REDLOCK_SCRIPTS,
     REJOIN,
     RENEW,
-    STATUS,
     LockKeys,
     Memo,
     key_table,
@@ -101,10 +85,7 @@ class GrantData:
 
 
 class RedlockBackend(Backend):
-    """Redlock: a lock is held when a majority of N independent Redis masters granted it.
-
-    See ``docs/backends/redlock.md`` for the algorithm, its guarantees and its limits.
-    """
+    """Redlock: a lock is held when a majority of N independent Redis masters granted it."""
 
     backend_name = "redlock"
     # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
@@ -133,8 +114,6 @@ class RedlockBackend(Backend):
             release_calls
         )
 
-    # -- configuration ---------------------------------------------------------------------
-
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
         return cls(parse_redlock_settings(url, config, options), config)
@@ -158,8 +137,6 @@ class RedlockBackend(Backend):
         if not self._nodes:
             raise BackendError("redlock: the backend is not open")
         return self._nodes
-
-    # -- lifecycle -------------------------------------------------------------------------
 
     def _build_node(self, index: int, host: str, port: int) -> Node:
         s = self.settings
@@ -240,7 +217,7 @@ class RedlockBackend(Backend):
             what=what,
             timeout=timeout,
             patience=self._patience,
-            vote=any_answer,
+            decided=lambda replies: answered(replies) >= self.quorum,
         )
         count = answered(outcomes)
         if count < self.quorum:
@@ -256,8 +233,6 @@ class RedlockBackend(Backend):
             node.link.close()
         for node in nodes:
             await node.hub.aclose()
-
-    # -- the protocol ----------------------------------------------------------------------
 
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` (the same on every node)."""
@@ -360,14 +335,9 @@ class RedlockBackend(Backend):
 
     async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[Node]) -> list[Outcome]:
         """Remove ``owner``'s keys from ``nodes``, all at once."""
-        call = ScriptCall(
-            ABANDON,
-            (keys.lock, keys.queue, keys.deadlines),
-            (owner, keys.channel, keys.waiter_prefix),
-        )
         return await self.fan(
             nodes,
-            call,
+            abandon_call(keys, owner),
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -397,19 +367,12 @@ class RedlockBackend(Backend):
         quorum = self.quorum
         n = len(nodes)
 
-        made: dict[tuple[int, int | str], ScriptCall] = {}
+        @functools.cache
+        def call(i: int, token: int | str) -> ScriptCall:
+            return ScriptCall(RENEW, (data[i].keys.lock,), (grants[i].owner, token, lease_ms))
 
         def calls(node: Node) -> list[ScriptCall]:
-            out = []
-            for i, (g, d) in enumerate(zip(grants, data, strict=True)):
-                token: int | str = d.tokens.get(node.index, "")
-                call = made.get((i, token))
-                if call is None:
-                    call = made[(i, token)] = ScriptCall(
-                        RENEW, (d.keys.lock,), (g.owner, token, lease_ms)
-                    )
-                out.append(call)
-            return out
+            return [call(i, d.tokens.get(node.index, "")) for i, d in enumerate(data)]
 
         def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
             yes = [0] * len(grants)
@@ -441,16 +404,8 @@ class RedlockBackend(Backend):
         yes, unknown = tally(outcomes, now)
         drift = self.drift(ttl)
         valid = now - started + drift < ttl
-        results: list[float | None] = []
-        undecided = 0
-        for i in range(len(grants)):
-            if yes[i] >= quorum and valid:
-                results.append(started + ttl - drift)
-            elif yes[i] + unknown[i] < quorum or not valid:
-                results.append(None)
-            else:
-                undecided += 1
-                results.append(None)
+        results = [started + ttl - drift if y >= quorum and valid else None for y in yes]
+        undecided = sum(valid and y < quorum <= y + u for y, u in zip(yes, unknown, strict=True))
         if undecided:
             raise BackendError(
                 f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
@@ -462,8 +417,6 @@ class RedlockBackend(Backend):
         return await self.start_release(grant)
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
-        # The requests leave at once (pipelined links); the core's bookkeeping then runs
-        # while the nodes work.
         nodes = self._nodes
         d = grant.data
         if not nodes or not isinstance(d, GrantData):
@@ -515,8 +468,7 @@ class RedlockBackend(Backend):
             )
 
     async def status(self, name: str) -> LockStatus | None:
-        keys = self.keys_for(name)
-        call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
+        call = status_call(self.keys_for(name))
         outcomes = await self._majority(call, "status", self.config.op_timeout)
         holders: dict[str, list[tuple[int, int]]] = {}
         for outcome in outcomes:
@@ -534,12 +486,7 @@ class RedlockBackend(Backend):
         return None
 
     async def force_release(self, name: str) -> bool:
-        keys = self.keys_for(name)
-        call = ScriptCall(
-            FORCE_RELEASE,
-            (keys.lock, keys.queue, keys.deadlines),
-            (keys.channel, keys.waiter_prefix),
-        )
+        call = force_release_call(self.keys_for(name))
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
 
