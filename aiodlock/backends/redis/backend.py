@@ -10,23 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
 from ..._errors import BackendError
-from ..._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LockStatus,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
-from ..._url import ParsedURL
+from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import Settings, connect_deployment, parse_settings
@@ -47,6 +36,10 @@ from ._node import (
 from ._pubsub import Listening, PubSubHub
 from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo, key_table
 from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig, LostCallback
+    from ..._url import ParsedURL
 
 
 class RedisBackend(Backend):
@@ -225,7 +218,7 @@ class RedisBackend(Backend):
             )
         return value
 
-    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+    def waiter(self, request: Request) -> Listening:
         keys = self._keys(request.name)
         hubs = (self.hub,)
         if request.fair:  # (its own channel, where only its turn is announced)

@@ -16,51 +16,28 @@ See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from ..._errors import BackendError, describe
-from ..._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LockStatus,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
-from ..._url import ParsedURL
+from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import (
-    abandon_call,
-    acquire_call,
-    force_release_call,
-    ms,
-    release_calls,
-    status_call,
-)
+from ._node import abandon_call, acquire_call, force_release_call, ms, release_calls, status_call
 from ._pubsub import Listening, PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
-from ._scripts import (
-    RAISE_COUNTER,
-    REDLOCK_SCRIPTS,
-    REJOIN,
-    RENEW,
-    LockKeys,
-    Memo,
-    key_table,
-)
+from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys, Memo, key_table
 from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, pack
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig, LostCallback
+    from ..._url import ParsedURL
 
 __all__ = ["RedlockBackend"]
 
@@ -344,7 +321,7 @@ class RedlockBackend(Backend):
             decided=lambda outcomes: True,
         )
 
-    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
+    def waiter(self, request: Request) -> Listening:
         # (every node's hub; the waiter also polls at random intervals up to retry_delay)
         delay = self.settings.retry_delay
         return Listening(
