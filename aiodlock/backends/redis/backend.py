@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 
@@ -40,6 +40,8 @@ from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, w
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
     from ..._url import ParsedURL
+
+T = TypeVar("T")
 
 
 class RedisBackend(Backend):
@@ -94,9 +96,7 @@ class RedisBackend(Backend):
     @property
     def links(self) -> Links:
         """Where the deployment's commands go (after :meth:`open`)."""
-        if self._links is None:
-            raise BackendError("redis: the backend is not open")
-        return self._links
+        return _opened(self._links)
 
     @property
     def link(self) -> Link | None:
@@ -106,9 +106,7 @@ class RedisBackend(Backend):
     @property
     def hub(self) -> PubSubHub:
         """The shared pub/sub connection (after :meth:`open`)."""
-        if self._hub is None:
-            raise BackendError("redis: the backend is not open")
-        return self._hub
+        return _opened(self._hub)
 
     @property
     def client(self) -> Any:
@@ -292,6 +290,12 @@ class RedisBackend(Backend):
 
     async def force_release(self, name: str) -> bool:
         return bool(await self._run(force_release_call(self.keys_for(name))) == 1)
+
+
+def _opened(thing: T | None) -> T:
+    if thing is None:
+        raise BackendError("redis: the backend is not open")
+    return thing
 
 
 async def _is_one(pending: Awaitable[Any]) -> bool:
