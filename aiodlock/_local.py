@@ -1,19 +1,20 @@
 """Layer 2: a client's own waiters, and the hand-off of a lock between them.
 
-When a task of a client releases a name that another task of the SAME client waits for,
-the core decides what happens; a backend only offers the step it can do better:
+When a task releases a name that another task of the SAME client waits for, the core
+decides what happens; a backend only says what its protocol does better:
 
-* **transfer** (:attr:`Capability.TRANSFER`): the backend releases a grant and grants the
-  name to a chosen local waiter in one round trip (:meth:`Backend.transfer`).  The core
-  picks the receiver (the oldest local waiter that is not busy with an attempt of its own),
-  delivers the grant to it without a second round trip, and settles whatever a hand-off left
-  behind when the receiver times out or is cancelled meanwhile;
-* **reservation**: after a plain release whose announcement will wake a local waiter, the
-  next attempt on the name is that waiter's for a short window, so that another local task
-  (typically the releasing task, asking again at once) does not barge past it.
+* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to a chosen
+  local waiter in one round trip; the core picks the receiver (the oldest not busy with an
+  attempt of its own), delivers the grant, and settles what a hand-off left when the
+  receiver leaves meanwhile;
+* **reservation**: after a release that will wake a local waiter, the next attempt on the
+  name is that waiter's for a short window (see :class:`~._wakeup.Reservations`);
+* **local turns** (:attr:`Capability.LOCAL_TURNS`, a quorum protocol): one attempt per name
+  at a time, an attempt answered locally while another owner of the client holds the name,
+  and a release wakes the next local waiter itself (not one pausing after a split vote).
 
-NOTE: every hand-off is local to one client: a lock never passes between clients without
-the server, and a fair request never takes part (its order is the server's).
+NOTE: a lock never passes between clients without the server, and a fair request never
+takes part (its order is the server's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from ._errors import BackendError
-from ._types import Busy, Capability, Grant, Request, Waiter
+from ._types import Busy, Capability, Grant, Request, Waiter, monotonic
 from ._wakeup import Reservations
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Entry:
         "closing",
         "delivered",
         "granted",
+        "not_before",
         "request",
         "transfer",
         "uncertain",
@@ -54,21 +56,19 @@ class Entry:
     def __init__(self, request: Request, waiter: Waiter) -> None:
         self.request = request
         self.waiter = waiter
-        #: A release of this client is handing the name to this owner right now; set when
-        #: the answer is in.
+        #: Set when the answer of a hand-off to this owner (under way) is in.
         self.transfer: asyncio.Event | None = None
         #: The grant a hand-off delivered, until the owner's next attempt takes it.
         self.delivered: Grant | None = None
         #: A hand-off to this owner failed half-way: the server may have granted it.
         self.uncertain = False
-        #: An attempt of this owner is on its way to the server.
         self.attempting = False
-        #: An attempt of this owner (or a hand-off) granted the name.
         self.granted = False
-        #: The owner is leaving the wait.
         self.closing = False
         #: A wake-up ended the owner's last sleep and its attempt is not made yet.
         self.woken = False
+        #: No attempt before then (monotonic): the pause after a split vote.
+        self.not_before = 0.0
 
     def needs_settling(self) -> bool:
         """Did a hand-off leave something that the leaving owner must give back?"""
@@ -82,15 +82,30 @@ class Entry:
 class LocalWaiters:
     """The non-fair waiters of one client, by name then owner (oldest first)."""
 
-    __slots__ = ("_backend", "_names", "_patience", "reservations", "transfers")
+    __slots__ = (
+        "_asking",
+        "_backend",
+        "_holders",
+        "_missed",
+        "_names",
+        "_patience",
+        "reservations",
+        "transfers",
+        "turns",
+    )
 
     def __init__(self, backend: Backend, *, window: float, patience: float) -> None:
         self._backend = backend
         self._names: dict[str, dict[str, Entry]] = {}
-        #: The next attempt on a name, reserved for the waiter a local release woke.
         self.reservations = Reservations(window)
-        #: The backend can hand a lock over in one round trip.
         self.transfers = bool(backend.capabilities & Capability.TRANSFER)
+        self.turns = bool(backend.capabilities & Capability.LOCAL_TURNS)
+        #: (local turns) name -> (owner, until): held by that owner of this client
+        self._holders: dict[str, tuple[str, float]] = {}
+        #: (local turns) names with an attempt on its way, and those where another waiter
+        #: was told to wait for it (to be woken if it fails)
+        self._asking: set[str] = set()
+        self._missed: set[str] = set()
         #: How long a leaving waiter waits for a hand-off's answer (it is bounded anyway).
         self._patience = patience
 
@@ -104,10 +119,7 @@ class LocalWaiters:
 
     def join(self, request: Request, waiter: Waiter) -> Entry:
         entry = Entry(request, waiter)
-        entries = self._names.get(request.name)
-        if entries is None:
-            entries = self._names[request.name] = {}
-        entries[request.owner] = entry
+        self._names.setdefault(request.name, {})[request.owner] = entry
         return entry
 
     def leave(self, entry: Entry) -> None:
@@ -120,10 +132,11 @@ class LocalWaiters:
                 del self._names[name]
 
     def receiver(self, name: str, releaser: str) -> Entry | None:
-        """The oldest waiter of ``name`` that may receive a hand-off now."""
+        """The oldest waiter of ``name`` that may receive a hand-off (or a turn) now."""
         entries = self._names.get(name)
         if not entries:
             return None
+        now = monotonic()
         for owner, entry in entries.items():
             if (
                 owner != releaser
@@ -131,17 +144,14 @@ class LocalWaiters:
                 and entry.delivered is None
                 and not entry.attempting
                 and not entry.closing
+                and entry.not_before <= now
             ):
                 return entry
         return None
 
     def hears_release(self, name: str) -> bool:
-        """Will the server's announcement of a release of ``name`` reach a waiter here?
-
-        NOTE: only when its subscription (watch...) is confirmed: before that the message is
-        lost, and reserving the next attempt for a waiter that is never woken would stall
-        every local task for the whole window.
-        """
+        """Will the server's announcement of a release reach a waiter here (its subscription
+        confirmed: a reservation for a waiter never woken would stall every local task)?"""
         entries = self._names.get(name)
         return entries is not None and any(e.waiter.listening() for e in entries.values())
 
@@ -150,6 +160,8 @@ class LocalWaiters:
     def start_release(self, grant: Grant, fair: bool) -> Awaitable[bool]:
         """Release ``grant`` (begun now, see :meth:`Backend.start_release`), handing it to a
         waiting owner of this client where the backend can; True: released."""
+        if self.turns:
+            return self._turn_on(grant, self._backend.start_release(grant))
         if fair or not self._names:
             return self._backend.start_release(grant)
         if self.transfers:
@@ -165,6 +177,30 @@ class LocalWaiters:
         if released and self.hears_release(name):
             self.reservations.reserve(name)
         return released
+
+    async def _turn_on(self, grant: Grant, pending: Awaitable[bool]) -> bool:
+        """(local turns) Once the release is answered, whatever its outcome, wake the next
+        local waiter at once, and reserve the next attempt for the waiters: the releasing
+        task must not barge back in (nor past an attempt already on its way)."""
+        try:
+            return await pending
+        finally:
+            name = grant.name
+            holder = self._holders.get(name)
+            if holder is not None and holder[0] == grant.owner:
+                del self._holders[name]
+            entries = self._names.get(name)
+            if entries and (
+                self._wake_next(name, grant.owner) or any(e.attempting for e in entries.values())
+            ):
+                self.reservations.reserve(name)
+
+    def _wake_next(self, name: str, releaser: str = "") -> bool:
+        entry = self.receiver(name, releaser)
+        if entry is None:
+            return False
+        entry.waiter.wake()
+        return True
 
     async def _transfer(self, grant: Grant, entry: Entry) -> bool:
         """Release ``grant`` handing the name to ``entry`` in one round trip."""
@@ -198,11 +234,13 @@ class LocalWaiters:
 
     async def attempt(self, entry: Entry) -> Grant | Busy:
         """One attempt of a waiting owner: a grant a hand-off delivered (no round trip),
-        Busy while the next attempt is reserved for another waiter, else the server's."""
+        Busy while the next attempt is another's (a reservation, a local turn), else the
+        server's answer."""
         request = entry.request
+        name = request.name
         if entry.transfer is not None:
-            # A release of this client is handing the lock to this owner: its answer
-            # decides (asking the server meanwhile could take the same grant twice).
+            # A hand-off to this owner is under way: its answer decides (asking the server
+            # meanwhile could take the same grant twice).
             await entry.transfer.wait()
         delivered = entry.delivered
         if delivered is not None:
@@ -210,28 +248,48 @@ class LocalWaiters:
             entry.woken = False
             entry.granted = True
             return delivered
+        turns = self.turns
+        if turns:
+            holder = self._holders.get(name)
+            left = 0.0 if holder is None else holder[1] - monotonic()
+            if left > 0 and holder is not None and holder[0] != request.owner:
+                return Busy(left)  # another task of this client holds it: no need to ask
         reservations = self.reservations
         reserved = False
         if reservations and not request.urgent:
-            # (an urgent request goes in line on the server, which keeps the order: holding
-            # it back here would only keep it out of that line)
-            name = request.name
+            # (an urgent request goes in line on the server, which keeps the order)
             barred = reservations.bar(name, entry.woken)
             if barred is not None:
-                # NOTE: a release of this client just woke one of its waiters: do not barge
-                # past it (the releasing task itself asking again, typically).
-                return Busy(barred)
+                return Busy(barred)  # a release of this client woke another waiter
             reserved = entry.woken and name in reservations
+        if turns:
+            if name in self._asking:
+                # Two local owners cannot both win: they would only split the vote.  The
+                # attempt on its way wakes a waiter if it fails.
+                self._missed.add(name)
+                return Busy(None)
+            self._asking.add(name)
         entry.woken = False
         # NOTE: no await since the check of entry.delivered: a release either handed over
         # before (taken above) or sees this flag and picks another receiver.
         entry.attempting = True
+        result: Grant | Busy | None = None
         try:
             result = await self._backend.try_acquire(request, will_wait=True)
         finally:
             entry.attempting = False
             if reserved:
-                reservations.end(request.name)
+                reservations.end(name)
+            if turns:
+                self._asking.discard(name)
+                if isinstance(result, Grant):
+                    self._missed.discard(name)
+                    until = result.expires_at
+                    self._holders[name] = (request.owner, until or float("inf"))
+                elif name in self._missed:
+                    self._missed.discard(name)
+                    self._wake_next(name)
+        assert result is not None  # (else the attempt raised)
         if isinstance(result, Grant):
             entry.granted = True
         return result
@@ -249,8 +307,8 @@ class LocalWaiters:
         delivered, entry.delivered = entry.delivered, None
         try:
             if delivered is not None:
-                # Never taken (the waiter timed out or was cancelled as it came): release
-                # it, which may hand it on to another waiter of this client.
+                # Never taken (the waiter left as it came): release it, which may hand it
+                # on to another waiter of this client.
                 await self.start_release(delivered, False)
             elif entry.uncertain and not entry.granted:
                 # A hand-off failed half-way and may have granted: compare-and-delete.

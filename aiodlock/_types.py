@@ -53,6 +53,10 @@ class Capability(enum.Flag):
     #: every attempt respects, so a busy process cannot starve the others; the core abandons
     #: an urgent request that ends without a grant, as it does a fair one.
     URGENT = enum.auto()
+    #: Two owners of one client asking at once would only split the vote (a quorum): the
+    #: core lets one of them ask at a time, answers locally while another of them holds the
+    #: name, and a release by the client wakes its next waiter itself.
+    LOCAL_TURNS = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +105,9 @@ class Busy:
 
     #: Seconds until the holder's lease ends if nobody renews it, when the server said.
     retry_after: float | None = None
+    #: ``retry_after`` is a pause that wake-ups do not cut short (after a split vote the
+    #: contenders, woken by each other's clean-up, would collide again at once).
+    pause: bool = False
 
 
 class Waiter:

@@ -125,10 +125,16 @@ async def acquire_loop(
                 remaining = math.inf if deadline is None else deadline - now
                 if remaining <= 0:
                     break
-                # (an owner about to turn urgent wakes then: nobody may announce a release
-                # to it while the lock passes from task to task inside another process)
-                timeout = _sleep_for(busy, min(remaining, urgent_at - now))
-                woken = await waiter.wait(timeout)
+                if busy.pause and busy.retry_after is not None:
+                    # A split vote: wake-ups do not cut the pause short (see Busy.pause).
+                    if entry is not None:
+                        entry.not_before = now + busy.retry_after
+                    await asyncio.sleep(min(busy.retry_after, remaining))
+                    woken = await waiter.wait(0)
+                else:
+                    # (an owner about to turn urgent wakes then: nobody may announce a
+                    # release to it while the lock passes between another process's tasks)
+                    woken = await waiter.wait(_sleep_for(busy, min(remaining, urgent_at - now)))
                 if entry is not None:
                     entry.woken = woken
                 busy = None
@@ -196,7 +202,7 @@ def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
     if first.retry_after is None:
         return first
     left = first.retry_after - (monotonic() - sent)
-    return Busy(left) if left > 0 else None
+    return Busy(left, first.pause) if left > 0 else None
 
 
 def _sleep_for(result: Busy, remaining: float) -> float | None:

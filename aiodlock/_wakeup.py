@@ -1,19 +1,10 @@
-"""Layer 1: what a waiting task sleeps on, and the one timer a sleep needs.
-
-* :class:`Wakeup`: a flag ONE task waits on, with an optional time limit (one future, one
-  ``call_later``; no task cancellation);
-* :class:`WakeupBoard`: a client's local waiters by name, woken one at a time, a wake-up
-  never lost when its receiver leaves;
-* :class:`Backoff`, :class:`BackoffWaiter`, :class:`BoardWaiter`: the waiters of backends
-  that poll, or that hear of releases only inside this process;
-* :class:`Reservations`: after a local release woke one local waiter, the next attempt on
-  the name is that waiter's for a short window.
-"""
+"""Layer 1: what a waiting task sleeps on (:class:`Wakeup`, :class:`WakeupBoard`, the
+polling and board waiters), :class:`Reservations`, :class:`InFlight` and THE one-timer
+mechanism (:class:`Timer`)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import random
 import threading
@@ -38,7 +29,7 @@ __all__ = [
 
 
 class Backoff:
-    """Capped exponential backoff with full jitter (AWS style), for polling backends."""
+    """Capped exponential backoff with full jitter (AWS style)."""
 
     def __init__(self, first: float = 0.005, cap: float = 0.25, factor: float = 2.0) -> None:
         self.first = first
@@ -78,12 +69,8 @@ def _expire(future: asyncio.Future[None]) -> None:
 
 
 class Wakeup:
-    """A wake-up flag that ONE task at a time waits on, with an optional time limit.
-
-    What :class:`asyncio.Event` does for a waiter's slot, without the list of waiters, and a
-    timed wait without :func:`asyncio.timeout` (no cancellation of the task, one timer): a
-    slot is waited on by its own task only, once per contended acquisition.
-    """
+    """A wake-up flag that ONE task at a time waits on, with an optional time limit: an
+    :class:`asyncio.Event` without the list of waiters, timed without cancelling the task."""
 
     __slots__ = ("_future", "_set")
 
@@ -127,21 +114,18 @@ class Slot:
         self.event = Wakeup()
         self.name = name
         self.key = key
-        #: What names this waiter in a wake-up meant for it alone (see ``wake_tagged``).
-        self.tag = tag
+        self.tag = tag  # (names this waiter in a wake-up meant for it alone)
 
 
 class WakeupBoard:
-    """Local waiters by name, woken one at a time.
+    """Local waiters by name, woken one at a time; a waiter that leaves with an unconsumed
+    wake-up passes it on.  ``single``: one wake-up on its way per name at most (every
+    Redlock node announces the same release)."""
 
-    ``wake_one(name)`` sets the event of the oldest waiter that has no pending wake-up; a
-    waiter that leaves with an unconsumed wake-up passes it on, so a wake-up is never lost
-    because its receiver timed out or was cancelled.
-    """
-
-    def __init__(self) -> None:
-        self._slots: dict[str, collections.OrderedDict[int, Slot]] = {}
+    def __init__(self, single: bool = False) -> None:
+        self._slots: dict[str, dict[int, Slot]] = {}
         self._seq = 0
+        self._single = single
 
     def __contains__(self, name: str) -> bool:
         return name in self._slots
@@ -150,30 +134,15 @@ class WakeupBoard:
         return list(self._slots)
 
     def count(self, name: str) -> int:
-        slots = self._slots.get(name)
-        return len(slots) if slots else 0
-
-    @contextlib.contextmanager
-    def register(self, name: str) -> Iterator[Slot]:
-        """A place for one waiter of ``name`` while inside (:meth:`add`, :meth:`remove`)."""
-        slot = self.add(name)
-        try:
-            yield slot
-        finally:
-            self.remove(slot)
+        return len(self._slots.get(name, ()))
 
     def add(self, name: str, tag: object = None) -> Slot:
-        """A new waiter of ``name``, the last in line; :meth:`remove` it when it leaves."""
         self._seq += 1
         slot = Slot(name, self._seq, tag)
-        slots = self._slots.get(name)
-        if slots is None:
-            slots = self._slots[name] = collections.OrderedDict()
-        slots[slot.key] = slot
+        self._slots.setdefault(name, {})[slot.key] = slot
         return slot
 
     def remove(self, slot: Slot) -> None:
-        """The waiter leaves; a wake-up it did not consume goes to the next one."""
         name = slot.name
         slots = self._slots.get(name)
         if slots is not None:
@@ -183,40 +152,31 @@ class WakeupBoard:
         if slot.event.is_set():
             self.wake_one(name)
 
-    def wake_one(self, name: str, may_go: Callable[[object], bool] | None = None) -> bool:
-        """Wake the oldest waiter of ``name`` with no wake-up on its way (and, given
-        ``may_go``, whose tag it accepts)."""
+    def wake_one(self, name: str) -> bool:
+        """Wake the oldest waiter of ``name`` with no wake-up on its way; True: one is."""
         slots = self._slots.get(name)
         if not slots:
             return False
         for slot in slots.values():
-            if not slot.event.is_set() and (may_go is None or may_go(slot.tag)):
+            if slot.event.is_set():
+                if self._single:
+                    return True
+            else:
                 slot.event.set()
                 return True
         return False
 
-    def pending(self, name: str) -> bool:
-        """Is a wake-up on its way to a waiter of ``name`` (set, not consumed yet)?"""
-        slots = self._slots.get(name)
-        return slots is not None and any(slot.event.is_set() for slot in slots.values())
-
     def wake_tagged(self, name: str, tag: object) -> bool:
         """Wake the waiter of ``name`` added with ``tag``, if it waits here."""
-        slots = self._slots.get(name)
-        if slots:
-            for slot in slots.values():
-                if slot.tag == tag:
-                    slot.event.set()
-                    return True
+        for slot in self._slots.get(name, {}).values():
+            if slot.tag == tag:
+                slot.event.set()
+                return True
         return False
 
     def wake_all(self, name: str) -> None:
         for slot in list(self._slots.get(name, {}).values()):
             slot.event.set()
-
-    def wake_everyone(self) -> None:
-        for name in list(self._slots):
-            self.wake_all(name)
 
 
 class InFlight:
@@ -254,15 +214,9 @@ class InFlight:
 
 
 class Reservations:
-    """Hand-off reservations: after a release by this process woke ONE local waiter of a
-    name, the next attempt on that name is that waiter's for up to ``window`` seconds.
-
-    Without it another local task (typically the releasing task, asking again at once)
-    would race the woken waiter with a round trip of its own and usually win, so local
-    waiters would starve behind a task that loops on the lock.  The window only bounds the
-    stall when the woken waiter is gone; its attempt ends the reservation at once.  One
-    per backend, keyed by whatever names a lock there.
-    """
+    """After a local release woke ONE local waiter of a name, the next attempt on the name
+    is that waiter's for up to ``window`` seconds (else the releasing task, asking again at
+    once, would usually win and starve it); the woken waiter's attempt ends it."""
 
     __slots__ = ("_until", "window")
 
@@ -277,20 +231,15 @@ class Reservations:
         return name in self._until
 
     def reserve(self, name: str) -> None:
-        """A release by this process woke (or its message will wake) a waiter of ``name``."""
         self._until[name] = monotonic() + self.window
 
     def active(self, name: str) -> bool:
-        """Is the next attempt on ``name`` reserved right now?"""
         until = self._until.get(name)
         return until is not None and until > monotonic()
 
     def bar(self, name: str, woken: bool) -> float | None:
-        """Seconds an attempt on ``name`` must wait for the reserved one, or None: it may go.
-
-        ``woken``: the attempt is a woken waiter's, which may always go (and must
-        :meth:`end` the reservation once its attempt is answered).
-        """
+        """Seconds an attempt on ``name`` must wait for the reserved one, or None: it may go
+        (always when ``woken``: then :meth:`end` it once the attempt is answered)."""
         until = self._until.get(name)
         if until is None or woken:
             return None
@@ -301,44 +250,47 @@ class Reservations:
         return None
 
     def end(self, name: str) -> None:
-        """The reserved attempt was made."""
         self._until.pop(name, None)
 
 
 class BoardWaiter(Waiter):
-    """A waiter woken through a :class:`WakeupBoard`, optionally also polling with backoff.
+    """A waiter woken through a :class:`WakeupBoard`, also polling with ``backoff`` (if
+    any) while ``listening`` (if given) says that a release would not reach it."""
 
-    ``backoff=None`` means purely event-driven (the timeout passed to :meth:`wait` still
-    bounds the sleep, e.g. the holder's remaining lease).  (It hears this process only.)
-    """
-
-    def __init__(self, slot: Slot, backoff: Backoff | None) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        backoff: Backoff | None,
+        listening: Callable[[], bool] | None = None,
+    ) -> None:
         self._slot = slot
         self._backoff = backoff
-
-    def polling(self) -> bool:
-        """Does the next sleep end at the next backoff step too (not only at a wake-up)?"""
-        return self._backoff is not None
+        self._listening = listening
 
     @classmethod
     @contextlib.asynccontextmanager
     async def context(
         cls, board: WakeupBoard, name: str, backoff: Backoff | None = None
     ) -> AsyncIterator[BoardWaiter]:
-        with board.register(name) as slot:
+        slot = board.add(name)
+        try:
             yield cls(slot, backoff)
+        finally:
+            board.remove(slot)
+
+    def listening(self) -> bool:
+        return self._listening is not None and self._listening()
 
     async def wait(self, timeout: float | None) -> bool:
         backoff = self._backoff
-        if backoff is not None and self.polling():
+        if backoff is not None and not self.listening():
             delay = backoff.next()
             timeout = delay if timeout is None else min(delay, timeout)
         slot = self._slot
         await slot.event.wait(timeout)
         if not slot.event.is_set():
             return False
-        # Consume the wake-up: the next sleep waits for a new one.
-        slot.event = Wakeup()
+        slot.event = Wakeup()  # consumed: the next sleep waits for a new one
         if backoff is not None:
             backoff.reset()
         return True
@@ -350,25 +302,20 @@ class BoardWaiter(Waiter):
 class Timer:
     """ONE loop timer for any number of deadlines (on :func:`monotonic`).
 
-    :meth:`at` arms it for the earliest deadline asked so far (a later one costs a
-    comparison); when it fires it calls ``due(now)``, which handles whatever is due and
-    returns the next deadline, or None to rest until :meth:`at` is called again.  ``handle``
-    is None while it rests (a caller whose deadlines only grow need not call :meth:`at`
-    while it is armed).  A timer
-    per request (armed, then cancelled when the answer comes a fraction of a millisecond
-    later) costs a heap push and a cancellation each time; this costs one per earliest
-    deadline.
+    :meth:`at` arms it for the earliest deadline asked so far; when it fires it calls
+    ``due(now)``, which returns the next deadline or None to rest (``handle`` is None then).
+    A timer per request (armed, then cancelled a fraction of a millisecond later) would cost
+    a heap push and a cancellation each time.
     """
 
     __slots__ = ("_when", "due", "handle")
 
-    def __init__(self, due: collections.abc.Callable[[float], float | None]) -> None:
+    def __init__(self, due: Callable[[float], float | None]) -> None:
         self.due = due
         self.handle: asyncio.TimerHandle | None = None
         self._when = 0.0
 
     def at(self, when: float) -> None:
-        """Fire at ``when`` at the latest."""
         handle = self.handle
         if handle is not None:
             if when >= self._when:

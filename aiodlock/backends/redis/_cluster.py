@@ -1,10 +1,4 @@
-"""Redis Cluster over pipelined links: the slot map, one link per master, redirections.
-
-The slot map comes from ``CLUSTER SLOTS``; a call goes to the master of its first key's slot
-(every key of a lock shares one hash tag, so one slot); ``MOVED`` and ``ASK`` answers send it
-again where they point, and the map is read again in the background after a ``MOVED``, a
-``CLUSTERDOWN`` or a node that failed.
-"""
+"""Redis Cluster over pipelined links: the slot map, one link per master, redirections."""
 
 from __future__ import annotations
 
@@ -46,11 +40,10 @@ class SlotUncovered(ConnectionError):
 
 
 class ClusterLinks:
-    """A Redis Cluster: one link per master, a call routed by its first key's slot.
-
-    The slot map comes from ``CLUSTER SLOTS``; it is read again (in the background, at most
-    every ``REFRESH`` seconds) after a ``MOVED`` or ``CLUSTERDOWN`` answer or a node that
-    failed, and a ``MOVED`` / ``ASK`` answer sends the call again where it points.
+    """A Redis Cluster: one link per master, a call routed by its first key's slot (every
+    key of a lock shares one hash tag).  The slot map (``CLUSTER SLOTS``) is read again in
+    the background, at most every ``REFRESH`` seconds, after a ``MOVED`` or ``CLUSTERDOWN``
+    answer or a node that failed; a ``MOVED`` / ``ASK`` answer sends the call where it points.
     """
 
     REFRESH: Final = 0.25
@@ -60,22 +53,19 @@ class ClusterLinks:
         self._make_link = make_link
         self._tls = seeds[0].tls if seeds else None
         self._slots: list[Address | None] = [None] * SLOTS
-        self._links: dict[Address, Link] = {}
-        self._wait_links: dict[Address, Link] = {}
+        self._links: dict[tuple[Address, str], Link] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed = -1e9
         self._round = itertools.count()
-
-    # -- the slot map ----------------------------------------------------------------------
 
     def address_of(self, key: bytes) -> Address | None:
         """The master that serves ``key``'s slot, as far as known."""
         return self._slots[key_slot(key)]
 
-    def link_to(self, address: Address) -> Link:
-        link = self._links.get(address)
+    def link_to(self, address: Address, label: str = "redis") -> Link:
+        link = self._links.get((address, label))
         if link is None:
-            link = self._links[address] = self._make_link(address, "redis")
+            link = self._links[(address, label)] = self._make_link(address, label)
         return link
 
     async def refresh(self) -> None:
@@ -100,7 +90,7 @@ class ClusterLinks:
                 slots[start : end + 1] = [address] * (end - start + 1)
         self._slots = slots
 
-    def stale(self) -> None:
+    def reset(self) -> None:
         """Read the slot map again soon (in the background, at most every REFRESH s)."""
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_later())
@@ -112,15 +102,12 @@ class ClusterLinks:
         except ConnectionError:
             pass  # (the next failure asks again)
 
-    def reset(self) -> None:
-        self.stale()
-
     async def next_master(self) -> Address:
         """A master for the pub/sub connection (round robin over reconnects: a classic
         PUBLISH reaches every node of a cluster)."""
         turn = next(self._round)
         if turn:
-            self.stale()
+            self.reset()
         masters = self.masters()
         if not masters:
             await self.refresh()
@@ -130,8 +117,6 @@ class ClusterLinks:
     def masters(self) -> list[Address]:
         """The masters of the slot map, in slot order."""
         return [a for a in dict.fromkeys(self._slots) if a is not None]
-
-    # -- sending ---------------------------------------------------------------------------
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         self._send(call, deliver, 0, None)
@@ -144,7 +129,7 @@ class ClusterLinks:
             return
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
-            self.stale()
+            self.reset()
             deliver(SlotUncovered(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
             return
         self.link_to(address).eval(call, answered)
@@ -159,15 +144,15 @@ class ClusterLinks:
                 address = Address(host or known.host, int(port), tls=self._tls)  # (":port")
                 if kind == "MOVED":
                     self._slots[int(slot)] = address
-                    self.stale()
+                    self.reset()
                     self._send(call, deliver, hops + 1, None)
                 else:
                     self._send(call, deliver, hops + 1, address)
                 return
             if text.startswith("CLUSTERDOWN"):
-                self.stale()
+                self.reset()
         elif isinstance(reply, BaseException):
-            self.stale()  # (a node that fails or does not answer: failed over, maybe)
+            self.reset()  # (a node that fails or does not answer: failed over, maybe)
         deliver(reply)
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
@@ -195,9 +180,7 @@ class ClusterLinks:
         if address is None:
             self._send(call, deliver, 0, None)  # (answers SlotUncovered)
             return
-        link = self._wait_links.get(address)
-        if link is None:
-            link = self._wait_links[address] = self._make_link(address, "redis (WAIT)")
+        link = self.link_to(address, "redis (WAIT)")
 
         def done(result: Any) -> None:
             first = result[0] if isinstance(result, list) else None
@@ -209,7 +192,7 @@ class ClusterLinks:
                 )
                 return
             if isinstance(result, BaseException):
-                self.stale()
+                self.reset()
             deliver(result)
 
         eval_wait(link, call, wait, done)
@@ -225,7 +208,7 @@ class ClusterLinks:
     def close(self) -> None:
         if self._refresh is not None:
             self._refresh.cancel()
-        for link in [*self._links.values(), *self._wait_links.values()]:
+        for link in self._links.values():
             link.close()
 
 

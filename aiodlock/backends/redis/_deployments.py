@@ -56,6 +56,7 @@ class Settings:
 
 
 SSL_CERT_REQS = ("required", "optional", "none")
+_MODES: dict[str, Mode] = {"sentinel": "sentinel", "cluster": "cluster"}
 
 
 def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Settings:
@@ -63,16 +64,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
     scheme = url.scheme
     base, _, variant = scheme.partition("+")
     tls = base == "rediss"
-    mode: Mode
-    if base == "unix":
-        mode = "unix"
-    elif variant == "sentinel":
-        mode = "sentinel"
-    elif variant == "cluster":
-        mode = "cluster"
-    else:
-        mode = "server"
-
+    mode: Mode = "unix" if base == "unix" else _MODES.get(variant, "server")
     client = options.pop("client", None)
     found = None if client is None else _client_settings(client)
     password = take_str(options, "password", url.password, secret=True)
@@ -96,7 +88,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         raise ConfigurationError(
             f"TLS options ({', '.join(sorted(ssl))}) need a rediss:// URL, not {scheme}://"
         )
-
     db_option = take_int(options, "db", -1, minimum=0)
     hosts: tuple[tuple[str, int], ...] = ()
     socket_path: str | None = None
@@ -169,7 +160,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         if mode == "cluster" and db_option != 0:
             raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
         db = db_option
-
     shown = url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})"
     return Settings(
         mode=mode,
@@ -427,12 +417,7 @@ def parse_redlock_settings(
                 f"different Redis master"
             )
         seen.add(host)
-    path = url.path.strip("/")
-    if path and not path.isdigit():
-        raise ConfigurationError(
-            f"the redlock:// URL path must be a database number ('/0'), got {url.path!r}"
-        )
-    db = int(path) if path else 0
+    db = db_from_path(url.path)
     password = take_str(options, "password", url.password, secret=True)
     passwords = take_passwords(options, len(hosts))
     if passwords is not None and password is not None:

@@ -1,37 +1,23 @@
-"""RedisNode: the lock protocol on one Redis deployment, over pipelined links.
-
-Every call is ONE round trip on a :class:`~._wire.Link` (a NOSCRIPT answer costs a second
-one, sent by the pipe itself), bounded by ``op_timeout`` through the link's own timer, and
-raises only :class:`~aiodlock.BackendError` / :class:`~aiodlock.BackendTimeout`.
-
-Which link a call goes to is the deployment's business (:class:`Links`): one server, the
-master a Sentinel names (:class:`ServerLinks`) or the master of the key's Cluster slot
-(:class:`~._deployments.ClusterLinks`).
+"""What both Redis backends send: the script calls (the hot ones packed once), and where a
+deployment's commands go (:class:`Links`: one server, or the master a Sentinel names,
+:class:`ServerLinks`; the master of a key's Cluster slot, :class:`~._cluster.ClusterLinks`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
-import anyio
-
-from ..._errors import BackendError, translating
 from ._scripts import (
     ABANDON,
     ACQUIRE,
-    ACQUIRE_FAIR,
     FORCE_RELEASE,
     RELEASE,
     RELEASE_TRANSFER,
-    RENEW,
     STATUS,
     LockKeys,
-    Memo,
 )
-from ._wire import WIRE_ERRORS, CallTemplate, Link, OnReply, ReplyError, ScriptCall, pack, resolver
+from ._wire import CallTemplate, Link, OnReply, ReplyError, ScriptCall, pack
 
 #: Error replies that time cures: a server loading its data after a restart, read-only or
 #: down while a failover runs, a Cluster slot moving.
@@ -145,202 +131,6 @@ class ServerLinks:
             self._wait_link.close()
 
 
-class RedisNode:
-    """The lock protocol on one Redis deployment.
-
-    ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
-    write: a grant that fewer than N replicas acknowledged in time is released again and
-    reported as a :class:`~aiodlock.BackendError`.
-    """
-
-    def __init__(
-        self,
-        links: Links,
-        *,
-        label: str = "redis",
-        secrets: tuple[str, ...] = (),
-        sync_replicas: int = 0,
-        sync_timeout: float = 1.0,
-    ) -> None:
-        self.links = links
-        self._eval = links.eval
-        self.label = label
-        self.sync_replicas = sync_replicas
-        self.sync_timeout_ms = ms(sync_timeout)
-        self._wait = pack(b"WAIT", sync_replicas, self.sync_timeout_ms)
-        self._secrets = tuple(s for s in secrets if s)
-        #: The hot calls, packed once (see acquire_call and release_calls).
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
-        self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
-            transfer_template
-        )
-
-    @property
-    def link(self) -> Link | None:
-        """The one command link of a single server (None on a Cluster)."""
-        return self.links.link if isinstance(self.links, ServerLinks) else None
-
-    def close(self) -> None:
-        self.links.close()
-
-    def __repr__(self) -> str:
-        return f"<RedisNode {self.label}>"
-
-    # -- sending and answers ---------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def translate(self, what: str) -> Iterator[None]:
-        """The one place where failures become aiodlock's exceptions."""
-        with translating(
-            self.label, WIRE_ERRORS, what=what, secrets=self._secrets, transient=(TransientReply,)
-        ):
-            yield
-
-    def _error(self, exc: BaseException, what: str) -> BaseException:
-        """``exc`` (a failed call's outcome) as :meth:`translate` maps it."""
-        if type(exc) is ReplyError and str(exc).startswith(TRANSIENT_REPLIES):
-            if str(exc).startswith("READONLY"):
-                self.links.reset()  # a master turned replica (a failover): find the new one
-            exc = TransientReply(str(exc))
-        try:
-            with self.translate(what):
-                raise exc
-        except BaseException as mapped:
-            return mapped
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def start(self, call: ScriptCall) -> asyncio.Future[Any]:
-        """Send ``call`` now; :meth:`finish` gets its answer (never raises)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._eval(call, resolver(future))
-        return future
-
-    async def finish(self, sent: asyncio.Future[Any], what: str) -> Any:
-        """The answer to :meth:`start`, errors translated."""
-        reply = await sent
-        if isinstance(reply, BaseException):
-            raise self._error(reply, what) from reply
-        return reply
-
-    def run(self, script_call: ScriptCall) -> Awaitable[Any]:
-        """Run one script call (what to await: its answer)."""
-        return self.finish(self.start(script_call), script_call.script.name)
-
-    async def _run_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.links.eval_many(calls, resolver(future))
-        return await self.finish(future, what)  # type: ignore[no-any-return]
-
-    # -- the protocol ----------------------------------------------------------------------
-
-    def acquire(
-        self,
-        keys: LockKeys,
-        owner: str,
-        lease_ms: int,
-        *,
-        fair: bool = False,
-        urgent: bool = False,
-        queue: bool = False,
-        waiter_ms: int = 0,
-    ) -> Awaitable[int]:
-        """One attempt (what to await): the token (``>= 1``) if granted; else ``-1 - ms``
-        until a retry may be worth it (the holder's remaining lease...), or 0 when no such
-        time is known.  ``fair`` or ``urgent``: in line (see ACQUIRE_FAIR)."""
-        if fair or urgent:
-            call = ScriptCall(
-                ACQUIRE_FAIR,
-                (keys.lock, keys.counter, keys.queue, keys.deadlines),
-                (owner, lease_ms, waiter_ms, b"1" if queue else b"0", b"1" if urgent else b"0"),
-            )
-        else:
-            # The hot path: the call is packed once per owner and lease length.
-            call = self._acquire_calls((keys, owner, lease_ms))
-        if not self.sync_replicas:
-            return self.finish(self.start(call), call.script.name)  # (run() inlined: hot)
-        return self._acquire_synced(keys, owner, call)
-
-    async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.links.eval_wait(call, self._wait, resolver(future))
-        reply, acks = await self.finish(future, call.script.name)
-        value = int(reply)
-        if value > 0 and int(acks) < self.sync_replicas:
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(BackendError):
-                    await self.release(keys, owner, str(value))
-            raise BackendError(
-                f"{self.label}: only {acks} of {self.sync_replicas} replicas acknowledged the "
-                f"grant of {keys.name!r} within {self.sync_timeout_ms} ms (sync_replicas); "
-                f"the lock was released again"
-            )
-        return value
-
-    async def renew(self, items: Sequence[tuple[LockKeys, str, str]], lease_ms: int) -> list[bool]:
-        """Extend many leases in one pipeline (per server): ``(keys, owner, token or '')``.
-
-        Renewals do not wait for replicas (``sync_replicas`` guards grants): after a failover
-        the promoted replica may have no replica of its own, and demanding acknowledgements
-        then would lose every lease that the failover had kept.
-        """
-        calls = [ScriptCall(RENEW, (k.lock,), (who, token, lease_ms)) for k, who, token in items]
-        replies = await self._run_many(calls, "renew")
-        return [reply == 1 for reply in replies]
-
-    def release(self, keys: LockKeys, owner: str, token: str = "") -> Awaitable[Any]:
-        """Compare-and-delete by owner (and token unless ``''``); wakes the next waiter.
-        Sent at once; await the script's answer (1: released, 0: not held by ``owner``)."""
-        template, anyone = self._release_calls((keys, owner))
-        return self.finish(self.start(template.fill(token) if token else anyone), RELEASE.name)
-
-    async def release_transfer(
-        self, keys: LockKeys, owner: str, token: str, receiver: str, lease_ms: int
-    ) -> int:
-        """Release ``owner``'s hold and grant the lock to ``receiver`` in one round trip.
-
-        Returns the receiver's new token (``>= 1``), 0 when ``owner`` did not hold the lock
-        (nothing changed), -1 when it was released but not handed over (a fair queue
-        exists; its next waiter was notified as :meth:`release` does).
-        """
-        call = self._transfer_calls((keys, owner, receiver, lease_ms)).fill(token)
-        return int(await self.run(call))
-
-    async def abandon(self, keys: LockKeys, owner: str) -> bool:
-        """Drop the owner's hold and queue entry, if any; True if it held the lock."""
-        k = (keys.lock, keys.queue, keys.deadlines)
-        call = ScriptCall(ABANDON, k, (owner, keys.channel, keys.waiter_prefix))
-        return bool(await self.run(call) == 1)
-
-    async def force_release(self, keys: LockKeys) -> bool:
-        call = ScriptCall(
-            FORCE_RELEASE,
-            (keys.lock, keys.queue, keys.deadlines),
-            (keys.channel, keys.waiter_prefix),
-        )
-        return bool(await self.run(call) == 1)
-
-    async def status(self, keys: LockKeys) -> tuple[str, int, int, int] | None:
-        """``(owner, token, pttl ms, live fair waiters or -1)`` or None when free."""
-        reply = await self.run(ScriptCall(STATUS, (keys.lock, keys.deadlines), ()))
-        if not reply:
-            return None
-        owner = reply[0]
-        if isinstance(owner, bytes):
-            owner = owner.decode("utf-8", "surrogateescape")
-        return str(owner), int(reply[1]), int(reply[2]), int(reply[3])
-
-    async def ping(self, timeout: float) -> None:
-        """Check within ``timeout`` that the servers answer (and that we may talk to them)."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self.links.ping()
-        except Exception as exc:
-            raise self._error(exc, "connect") from exc
-
-
 def _release_call(
     keys: LockKeys, owner: str, token: str
 ) -> tuple[tuple[bytes, ...], tuple[str, str, bytes, bytes]]:
@@ -374,3 +164,17 @@ def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall
     k, a = _release_call(keys, owner, "")
     template = CallTemplate(RELEASE, k, a, 1)
     return template, template.fill("")
+
+
+def abandon_call(keys: LockKeys, owner: str) -> ScriptCall:
+    k = (keys.lock, keys.queue, keys.deadlines)
+    return ScriptCall(ABANDON, k, (owner, keys.channel, keys.waiter_prefix))
+
+
+def force_release_call(keys: LockKeys) -> ScriptCall:
+    k = (keys.lock, keys.queue, keys.deadlines)
+    return ScriptCall(FORCE_RELEASE, k, (keys.channel, keys.waiter_prefix))
+
+
+def status_call(keys: LockKeys) -> ScriptCall:
+    return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())

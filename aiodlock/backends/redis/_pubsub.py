@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import describe
 from ..._types import monotonic
-from ..._wakeup import Backoff, Timer, WakeupBoard
+from ..._wakeup import Backoff, BoardWaiter, Slot, Timer, WakeupBoard
 from ._wire import Link, NodeConnectionError, PushPipe, pack
 
 log = logging.getLogger("aiodlock")
@@ -29,9 +30,9 @@ class Channel:
         "linger",
         "missed",
         "ready",
-        "ready_since",
         "requested",
-        "wake_when_ready",
+        "since",
+        "wake",
         "wanted",
     )
 
@@ -41,24 +42,22 @@ class Channel:
         self.requested = False  # the last command sent on this connection was SUBSCRIBE
         self.inflight = 0  # (UN)SUBSCRIBE commands sent and not yet answered
         self.ready = asyncio.Event()  # subscribed, and no command in flight
-        self.ready_since: float | None = None  # monotonic time ``ready`` was last set
-        self.wake_when_ready = False  # wake every waiter once ready (after a reconnect)
+        self.since: float | None = None  # when ``ready`` was last set
+        self.wake = False  # wake every waiter once ready (after a reconnect)
         self.missed = 0  # messages that found no local waiter to wake
         self.linger: asyncio.TimerHandle | None = None  # the pending UNSUBSCRIBE
 
-    def set_ready(self) -> None:
-        self.ready.set()
-        self.ready_since = monotonic()
-
-    def clear_ready(self) -> None:
-        self.ready.clear()
-        self.ready_since = None
+    def set_ready(self, ready: bool) -> None:
+        if ready:
+            self.ready.set()
+        else:
+            self.ready.clear()
+        self.since = monotonic() if ready else None
 
 
 class _Silence:
-    """Notices a pub/sub connection that went silent: ``interval`` seconds after the last
-    thing read it sends PING; when nothing has come ``patience`` seconds later, it closes
-    the connection.  One timer per connection, not a timeout per message read."""
+    """``interval`` seconds after the last thing read it sends PING; when nothing has come
+    ``patience`` seconds later, it closes the connection (one timer per connection)."""
 
     __slots__ = ("_interval", "_patience", "_pipe", "_sent", "timer")
 
@@ -86,16 +85,14 @@ class _Silence:
 
 
 class PubSubHub:
-    """One pub/sub connection shared by every waiter of one backend (all names).
+    """One pub/sub connection shared by every waiter of one backend (or Redlock node).
 
-    A waiter subscribes to its channel (:meth:`subscribe`) before its next attempt; the hub
-    subscribes when the first local waiter of a channel arrives (and waits, bounded, until
-    the server confirmed it, so a release after the attempt cannot be missed) and
-    unsubscribes when the last one leaves.  A message wakes ONE local waiter of that channel
-    (through the :class:`~aiodlock._waiting.WakeupBoard`).  The connection is PINGed when
-    idle; when it breaks, the hub reconnects with backoff, subscribes again and then wakes
-    every waiter of each restored channel (messages may have been missed meanwhile).
-    Until a channel is confirmed, its waiters also poll with backoff.
+    The hub subscribes to a channel when its first local waiter arrives (and waits, bounded,
+    until the server confirmed it, so a release after the waiter's attempt cannot be missed)
+    and unsubscribes when the last one leaves.  A message wakes ONE local waiter through the
+    :class:`~aiodlock._wakeup.WakeupBoard`.  The connection is PINGed when idle; when it
+    breaks, the hub reconnects with backoff, subscribes again and then wakes every waiter of
+    each restored channel (messages may have been missed meanwhile).
     """
 
     def __init__(
@@ -109,7 +106,6 @@ class PubSubHub:
         secrets: tuple[str, ...] = (),
         on_reconnect: Callable[[], None] | None = None,
     ) -> None:
-        #: The pub/sub connection (its replies are pushed to the hub).
         self.link = link
         link.on_push = self._dispatch
         self._on_reconnect = on_reconnect
@@ -125,24 +121,20 @@ class PubSubHub:
         #: Seconds a subscription outlives its last local waiter.
         self.linger = 1.0
         self._served = False  # a connection was made before (so messages may be missed)
-        #: Set while connected.
         self.connected = asyncio.Event()
-
-    # -- public ----------------------------------------------------------------------------
 
     def is_ready(self, channel: bytes) -> bool:
         state = self._channels.get(channel)
         return state is not None and state.ready.is_set()
 
+    def ready_since(self, channel: bytes) -> float | None:
+        """Since when ``channel`` is confirmed without interruption, or None."""
+        state = self._channels.get(channel)
+        return None if state is None else state.since
+
     def channels(self) -> list[bytes]:
         """Channels this process is subscribed to (or subscribing to) now."""
         return [ch for ch, st in self._channels.items() if st.wanted]
-
-    def start(self) -> None:
-        if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"aiodlock:{self.label}:pubsub"
-            )
 
     async def aclose(self) -> None:
         self._closed = True
@@ -153,19 +145,13 @@ class PubSubHub:
                 await task
         self.link.close()
 
-    def ready_since(self, channel: bytes) -> float | None:
-        """Since when (monotonic) ``channel`` is confirmed without interruption, or None."""
-        state = self._channels.get(channel)
-        return None if state is None else state.ready_since
-
     async def subscribe(self, channel: bytes) -> Channel:
         """Be subscribed to ``channel`` (shared with other local waiters) until :meth:`leave`.
 
-        Returns once the server confirmed it, or after ``op_timeout`` (the pub/sub
-        connection is down: the waiter then polls).  The subscription lingers for
-        ``linger`` seconds after the last local waiter left, so a task that waits again at
-        once (a loop on a contended lock, a fair waiter on its own channel) does not pay a
-        SUBSCRIBE round trip each time.  If this raises (a cancellation), it left already.
+        Returns once the server confirmed it, or after ``op_timeout`` (the connection is
+        down: the waiter polls).  The subscription lingers ``linger`` seconds after its last
+        waiter left: a task that waits again at once pays no SUBSCRIBE round trip.  If this
+        raises (a cancellation), it left already.
         """
         state = self._channels.get(channel)
         if state is None:
@@ -175,14 +161,16 @@ class PubSubHub:
             state.linger.cancel()
             state.linger = None
         try:
-            self.start()
+            if self._task is None and not self._closed:
+                self._task = asyncio.get_running_loop().create_task(
+                    self._run(), name=f"aiodlock:{self.label}:pubsub"
+                )
             if not state.requested and self._pipe is not None:
                 state.requested = True
                 state.inflight += 1
-                state.clear_ready()
-                self._send(b"SUBSCRIBE", channel)
+                state.set_ready(False)
+                self._pipe.write(pack(b"SUBSCRIBE", channel))
             if not state.ready.is_set():
-                # Bounded: if the pub/sub connection is down the waiter polls instead.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.op_timeout):
                         await state.ready.wait()
@@ -192,7 +180,7 @@ class PubSubHub:
         return state
 
     def leave(self, channel: bytes, state: Channel) -> None:
-        """One local waiter no longer needs ``channel`` (see :meth:`subscribe`)."""
+        """One local waiter no longer needs ``channel``."""
         state.wanted -= 1
         if state.wanted == 0:
             if state.requested and self._pipe is not None:
@@ -209,78 +197,59 @@ class PubSubHub:
             state.requested = False
             state.inflight += 1
             state.missed = 0
-            state.clear_ready()
-            self._send(b"UNSUBSCRIBE", channel)
+            state.set_ready(False)
+            self._pipe.write(pack(b"UNSUBSCRIBE", channel))
         elif state.inflight == 0:
             del self._channels[channel]
-
-    # -- the connection ---------------------------------------------------------------------
-
-    def _send(self, *args: bytes) -> None:
-        if self._pipe is not None:
-            self._pipe.write(pack(*args))
 
     async def _run(self) -> None:
         backoff = Backoff(first=0.02, cap=1.0)
         link = self.link
         while not self._closed:
-            served = False
             try:
                 async with asyncio.timeout(link.connect_timeout + self.op_timeout):
                     pipe = await link.connect()
                 assert isinstance(pipe, PushPipe)
-                served = True
+                backoff.reset()
                 await self._serve(pipe)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.debug(
-                    "aiodlock: %s pub/sub connection lost: %s",
-                    self.label,
-                    describe(exc, self._secrets),
-                )
+                reason = describe(exc, self._secrets)
+                log.debug("aiodlock: %s pub/sub connection lost: %s", self.label, reason)
             finally:
-                self._disconnected()
+                self._pipe = None
+                self.connected.clear()
+                for channel, state in list(self._channels.items()):
+                    state.requested = False
+                    state.inflight = state.missed = 0
+                    state.set_ready(False)
+                    if state.linger is not None:
+                        state.linger.cancel()
+                        state.linger = None
+                    if not state.wanted:
+                        del self._channels[channel]
                 link.drop(NodeConnectionError("the pub/sub connection was given up"))
-            if served:
-                backoff.reset()
             await asyncio.sleep(backoff.next())
-
-    def _disconnected(self) -> None:
-        self._pipe = None
-        self.connected.clear()
-        for channel, state in list(self._channels.items()):
-            state.requested = False
-            state.inflight = 0
-            state.missed = 0
-            state.clear_ready()
-            if state.linger is not None:
-                state.linger.cancel()
-                state.linger = None
-            if not state.wanted:
-                del self._channels[channel]
 
     async def _serve(self, pipe: PushPipe) -> None:
         # NOTE: no await between collecting the wanted channels and publishing the
         # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
-        wanted = [ch for ch, st in self._channels.items() if st.wanted]
+        wanted = self.channels()
         reconnect, self._served = self._served, True
         for channel in wanted:
             state = self._channels[channel]
             state.requested = True
             state.inflight = 1
-            # After a reconnect, messages may have been missed: wake every waiter once the
-            # channel is back.  (On the first connection the waiters are still waiting for
-            # the subscription, and they make their attempt right after it anyway.)
-            state.wake_when_ready = reconnect
+            # After a reconnect messages may have been missed: wake every waiter once the
+            # channel is back (the first time, they make their attempt right after anyway).
+            state.wake = reconnect
         self._pipe = pipe
         if wanted:
-            self._send(b"SUBSCRIBE", *wanted)
+            pipe.write(pack(b"SUBSCRIBE", *wanted))
         self.connected.set()
         if reconnect and self._on_reconnect is not None:
-            # The server may have restarted or failed over: so may the command connections.
-            self._on_reconnect()
-        # NOTE: one timer for the connection's silence, not a timeout per message read.
+            self._on_reconnect()  # (a restart or failover: the command links, too)
         silence = _Silence(pipe, self.ping_interval, self.op_timeout)
         try:
             raise await asyncio.shield(pipe.lost)
@@ -290,39 +259,122 @@ class PubSubHub:
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:
             return
-        kind = reply[0]
-        if isinstance(kind, str):
-            kind = kind.encode()
-        channel = reply[1]
-        if isinstance(channel, str):
-            channel = channel.encode("latin-1")
+        kind, channel = reply[0], reply[1]
         state = self._channels.get(channel)
+        if state is None:
+            return
         if kind == b"message":
-            if state is None or not state.requested:
+            if not state.requested:
                 return
             said = reply[2] if len(reply) > 2 else b""
-            if isinstance(said, str):
-                said = said.encode("utf-8", "surrogatepass")
             if said not in _ANYONE:
                 # The lock is kept for the first waiter in line, whom the message names: wake
-                # it if it waits in this process (nobody else may take the lock).
+                # it if it waits here (nobody else may take the lock).
                 self.board.wake_tagged(state.key, said)
             elif not self.board.wake_one(state.key):
-                # Nobody to wake right now: the next local waiter of this channel makes an
-                # attempt at once (it may have made its last one before this release).
+                # Nobody to wake: the next local waiter makes an attempt at once (it may
+                # have made its last one before this release).
                 state.missed += 1
-        elif kind == b"subscribe":
-            if state is None:
-                return
+            return
+        if kind in (b"subscribe", b"unsubscribe"):
             state.inflight = max(0, state.inflight - 1)
-            if state.inflight == 0 and state.requested:
-                state.set_ready()
-                if state.wake_when_ready:
-                    state.wake_when_ready = False
-                    self.board.wake_all(state.key)
-        elif kind == b"unsubscribe":
-            if state is None:
+        if state.inflight:
+            return
+        if kind == b"subscribe" and state.requested:
+            state.set_ready(True)
+            if state.wake:
+                state.wake = False
+                self.board.wake_all(state.key)
+        elif kind == b"unsubscribe" and not state.wanted and not state.requested:
+            del self._channels[channel]
+
+
+class Listening:
+    """The waiter of both Redis backends (a class, not a generator: every contended
+    acquisition enters and leaves one): a place on the board, then ``channel`` on every hub.
+
+    With several hubs (Redlock's nodes) entering waits, at most ``bound`` seconds, until
+    ``need`` of them confirmed the channel: a holder's release reaches a majority, so one of
+    its messages then reaches us; the others subscribe in the background, and polling covers
+    what they miss.  ``tag`` names the waiter in a message that calls it alone.
+    """
+
+    __slots__ = ("_board", "_channel", "_entered", "_entering", "_hubs", "_slot", "_with")
+
+    def __init__(
+        self,
+        board: WakeupBoard,
+        hubs: Sequence[PubSubHub],
+        channel: bytes,
+        tag: object,
+        backoff: Backoff,
+        *,
+        need: int = 1,
+        bound: float = 0.0,
+        listen: bool = True,
+    ) -> None:
+        self._board = board
+        self._hubs = hubs
+        self._channel = channel
+        self._slot: Slot | None = None
+        self._with = (tag, backoff, need, bound, listen)
+        #: (hub, its channel state) subscribed, and (hub, task) still subscribing
+        self._entered: list[tuple[PubSubHub, Channel]] = []
+        self._entering: list[tuple[PubSubHub, asyncio.Task[Channel]]] = []
+
+    async def __aenter__(self) -> BoardWaiter:
+        channel, hubs = self._channel, self._hubs
+        tag, backoff, need, bound, listen = self._with
+        slot = self._slot = self._board.add(channel.decode("latin-1"), tag)
+        try:
+            for hub in hubs:
+                if len(hubs) == 1 or hub.is_ready(channel):
+                    # (at once when already subscribed; else bounded by op_timeout)
+                    self._entered.append((hub, await hub.subscribe(channel)))
+                else:
+                    task = asyncio.get_running_loop().create_task(hub.subscribe(channel))
+                    self._entering.append((hub, task))
+            if self._entering:
+                await self._confirmed(need, bound)
+        except BaseException:
+            self._leave()
+            raise
+        for _, state in self._entered:
+            if state.missed and listen:
+                # A release came while no local waiter listened: try again at once.  (A
+                # waiter that polls anyway, Redlock's, does not: each node announces it.)
+                state.missed = 0
+                slot.event.set()
+        one = hubs[0]
+        ready = functools.partial(one.is_ready, channel) if len(hubs) == 1 and listen else None
+        waiter = BoardWaiter(slot, backoff, ready)
+        since = sorted(t for t in (hub.ready_since(channel) for hub in hubs) if t is not None)
+        waiter.listening_since = since[need - 1] if len(since) >= need else None
+        return waiter
+
+    async def _confirmed(self, need: int, bound: float) -> None:
+        """Until ``need`` hubs confirmed the channel (or every subscription ended)."""
+        deadline = monotonic() + bound
+        pending = {task for _, task in self._entering}
+        while pending and sum(hub.is_ready(self._channel) for hub in self._hubs) < need:
+            left = deadline - monotonic()
+            if left <= 0:
                 return
-            state.inflight = max(0, state.inflight - 1)
-            if state.inflight == 0 and not state.wanted and not state.requested:
-                del self._channels[channel]
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        channel = self._channel
+        for hub, state in self._entered:
+            hub.leave(channel, state)
+        for hub, task in self._entering:
+            if not task.done():
+                task.cancel()  # (a cancelled subscribe leaves by itself)
+            elif not task.cancelled() and task.exception() is None:
+                hub.leave(channel, task.result())
+        if self._slot is not None:
+            self._board.remove(self._slot)

@@ -1,7 +1,6 @@
 """The Redis lock protocol: key layout and the Lua scripts, shared by ``redis`` and ``redlock``.
 
-Data layout of one lock name (every key carries the same hash tag, so all of them live in
-one Cluster slot and one script may touch them all)::
+One lock name's keys (one hash tag: one Cluster slot, so one script may touch them all)::
 
     {ns}:{<name>}             hash    {owner: token}   the holder, with a millisecond expiry
     {ns}:{<name>}:token       string  fencing counter, INCR'd once per new grant (never expires)
@@ -11,22 +10,12 @@ one Cluster slot and one script may touch them all)::
     {ns}:{<name>}:released    channel a release/expiry of the lock is announced here
     {ns}:{<name>}:released:<owner>    the line: the next waiter's own channel
 
-``<name>`` is the lock name in UTF-8 with ``%``, ``{`` and ``}`` percent-escaped, so any name
-(braces, spaces, newlines, NUL, any Unicode, 512 characters) gives exactly one hash tag and
-distinct names give distinct keys.  Keys stay readable: ``orders:42`` becomes
-``aiodlock:{orders:42}``.
-
-The layout follows Redisson's RLock (a hash ``{owner: ...}`` with a ``pexpire``, a channel
-for the unlock message) and RFairLock (a list of waiting owners plus a sorted set of their
-deadlines, dead waiters purged by deadline).  One difference: Redisson keeps a reentrancy
-count in the hash field; aiodlock counts reentrant acquires in the client (the server sees
-one acquire per outermost hold), so the field holds the hold's fencing token instead.  That
-makes a retried attempt idempotent (same owner: same token, lease refreshed, nothing
-counted twice) and lets ``status()`` report the token.
-
-Every script below is headed with its KEYS, ARGV and return value.  Scripts read the clock
-with ``TIME`` (the server's clock, never a client's); Redis 7 replicates the effects of a
-script, so that is allowed in scripts that write.
+``<name>`` is the name in UTF-8 with ``%``, ``{`` and ``}`` percent-escaped: any name gives
+exactly one hash tag, distinct names distinct keys.  As Redisson's RLock and RFairLock, but
+the hash field holds the hold's fencing token, not a reentrancy count (the client counts
+reentrant acquires): a retried attempt is idempotent and ``status()`` reports the token.
+Every script is headed with its KEYS, ARGV and return value; scripts read the server's
+clock (``TIME``).
 """
 
 from __future__ import annotations
@@ -36,23 +25,6 @@ import functools
 import hashlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
-
-__all__ = [
-    "ABANDON",
-    "ACQUIRE",
-    "ACQUIRE_FAIR",
-    "ALL_SCRIPTS",
-    "FORCE_RELEASE",
-    "RELEASE",
-    "RELEASE_TRANSFER",
-    "RENEW",
-    "STATUS",
-    "LockKeys",
-    "Memo",
-    "Script",
-    "escape_name",
-    "key_table",
-]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -71,11 +43,7 @@ class Script:
 
 
 def escape_name(name: str) -> bytes:
-    """The lock name as it appears inside the hash tag: UTF-8, ``% { }`` percent-escaped.
-
-    Injective (``%`` itself is escaped) and free of ``}`` so the tag ends where it should.
-    Lone surrogates (possible in a Python ``str``) are kept with ``surrogatepass``.
-    """
+    """The name inside the hash tag: UTF-8 (lone surrogates kept), ``% { }`` escaped."""
     raw = name.encode("utf-8", "surrogatepass")
     if b"%" in raw or b"{" in raw or b"}" in raw:
         raw = raw.replace(b"%", b"%25").replace(b"{", b"%7B").replace(b"}", b"%7D")
@@ -87,7 +55,6 @@ class LockKeys:
 
     __slots__ = (
         "channel",
-        "channel_key",
         "counter",
         "deadlines",
         "lock",
@@ -104,7 +71,6 @@ class LockKeys:
         self.queue = base + b":queue"
         self.deadlines = base + b":deadlines"
         self.channel = base + b":released"
-        self.channel_key = self.channel.decode("latin-1")  # a str naming the channel
         self.waiter_prefix = base + b":released:"
 
     def waiter_channel(self, owner: str) -> bytes:
@@ -116,8 +82,7 @@ class LockKeys:
 
 
 class Memo(Generic[K, V]):
-    """``make(key)``, made once per key: a bounded table (cleared when full) for what the
-    lock calls repeat (a name's keys, a packed script call, an outcome)."""
+    """``make(key)``, made once per key (a bounded table, cleared when full)."""
 
     __slots__ = ("_made", "limit", "make")
 
@@ -136,8 +101,7 @@ class Memo(Generic[K, V]):
 
 
 def key_table(namespace: str) -> Memo[str, LockKeys]:
-    """:class:`LockKeys` by name for one namespace (building them costs a dozen byte
-    concatenations, and a lock's calls repeat them)."""
+    """:class:`LockKeys` by name for one namespace (a lock's calls repeat them)."""
     return Memo(functools.partial(LockKeys, namespace))
 
 

@@ -1,21 +1,13 @@
 """One pipelined connection to one Redis server, shared by ``redis`` and ``redlock``.
 
-A :class:`Link` is ONE TCP (or Unix socket) connection, spoken to through an asyncio
-:class:`Pipe` protocol with the hiredis reader: requests are written in order and their
-replies handed to callbacks in the same order.  That is the cheapest way to talk to Redis
-from asyncio (no stream reader, no per-command bookkeeping, one write per request, one
-future per caller), and it keeps every request to a server in the order it was made: an
-attempt's clean-up can never overtake the attempt.
-
-A request that is not answered in time is not cancelled on the wire: its reply is read and
-dropped when it comes.  A connection whose oldest request has waited longer than
-``op_timeout`` is dropped (the server is gone or stopped) and the next request makes a new
-one, with the same handshake (AUTH, CLIENT SETNAME, SELECT, SCRIPT LOAD, plus whatever the
-owner adds).
-
-Replies are what hiredis decodes (bytes, ints, lists); an error reply is a
-:class:`ReplyError` value and a broken connection a :class:`NodeConnectionError` value,
-never raised: callbacks receive them like any other reply.
+A :class:`Link` is ONE connection spoken to through an asyncio :class:`Pipe` protocol with
+the hiredis reader: requests are written in order and their replies handed to callbacks in
+the same order (one write per request, one future per caller, and an attempt's clean-up can
+never overtake the attempt).  An unanswered request is not cancelled on the wire: its reply
+is dropped when it comes; a connection whose oldest request has waited ``op_timeout`` is
+dropped and the next request makes a new one.  Replies are what hiredis decodes; an error
+reply is a :class:`ReplyError` value and a broken connection a :class:`NodeConnectionError`
+value, handed to the callbacks, never raised.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import itertools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,7 +24,7 @@ from typing import Any, Final
 
 import hiredis
 
-from ..._errors import BackendTimeout
+from ..._errors import BackendTimeout, translating
 from ..._types import monotonic
 from ..._wakeup import Timer
 from ._scripts import Memo, Script
@@ -47,16 +40,32 @@ class NodeConnectionError(ConnectionError):
     """The connection to a server broke (or could not be made)."""
 
 
-#: What a failed request may leave in a callback (besides :class:`BackendTimeout`).
+#: What a failed request leaves in a callback (besides :class:`BackendTimeout`).
 WIRE_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
 
-#: What a request's callback receives: the decoded reply or one of the errors above.
+
+def wire_error(
+    label: str,
+    exc: BaseException,
+    what: str,
+    secrets: tuple[str, ...] = (),
+    transient: tuple[type[BaseException], ...] = (),
+) -> BaseException:
+    """``exc``, a failed request's outcome, as the one translation maps it."""
+    try:
+        with translating(label, WIRE_ERRORS, what=what, secrets=secrets, transient=transient):
+            raise exc
+    except BaseException as mapped:
+        return mapped
+
+
+#: A request's callback: it gets the decoded reply or one of the errors above.
 OnReply = Callable[[Any], None]
 
 Arg = bytes | str | int
 
-#: Per command of a write, the script it runs by EVALSHA (a NOSCRIPT answer is sent again
-#: with its source) or None; None for all of them.
+#: Per command of a write, the script it runs by EVALSHA (sent again with its source after
+#: a NOSCRIPT answer) or None; None for all of them.
 Calls = Sequence["ScriptCall | None"] | None
 
 
@@ -83,27 +92,14 @@ def _head(count: int, first: Sequence[Arg]) -> bytes:
     return b"*%d\r\n" % count + b"".join([_bulk(arg) for arg in first])
 
 
-class EvalPacker:
-    """Packs ``EVALSHA sha numkeys keys... args...`` commands, keeping the part before the
-    args of recent (script, keys) pairs: a lock's acquire and release repeat it."""
-
-    __slots__ = ("_heads",)
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._heads: Memo[tuple[str, int, tuple[bytes, ...]], bytes] = Memo(_eval_head, limit)
-
-    def __call__(self, script: Script, keys: tuple[bytes, ...], args: Sequence[Arg]) -> bytes:
-        return self._heads((script.sha, len(args), keys)) + b"".join([_bulk(a) for a in args])
-
-
 def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
     """``EVALSHA sha numkeys keys...`` of a command with ``nargs`` arguments after them."""
     sha, nargs, keys = index
     return _head(3 + len(keys) + nargs, (b"EVALSHA", sha, len(keys), *keys))
 
 
-#: For :class:`ScriptCall` (a lock's calls repeat their script and keys).
-_PACK_EVAL: Final = EvalPacker()
+#: The part before the args of recent (script, keys) pairs: a lock's calls repeat it.
+_HEADS: Final = Memo(_eval_head)
 
 
 class ScriptCall:
@@ -121,9 +117,10 @@ class ScriptCall:
         self.script = script
         self.keys = keys
         self.args = args
-        #: ``EVALSHA sha numkeys keys... args...`` (packed here unless given: a plain
-        #: attribute, read on every request)
-        self.data: bytes = _PACK_EVAL(script, tuple(keys), args) if data is None else data
+        #: ``EVALSHA sha numkeys keys... args...`` (packed here unless given)
+        if data is None:
+            data = _HEADS((script.sha, len(args), tuple(keys))) + b"".join(map(_bulk, args))
+        self.data = data
 
     def with_source(self) -> bytes:
         """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
@@ -131,10 +128,8 @@ class ScriptCall:
 
 
 class CallTemplate:
-    """Calls of one script that differ in ONE argument: the rest is packed once.
-
-    A lock's release repeats its script, keys, owner and channels; only the token changes.
-    """
+    """Calls of one script that differ in ONE argument (a release's token): the rest is
+    packed once."""
 
     __slots__ = ("_head", "_tail", "args", "keys", "script", "slot")
 
@@ -146,9 +141,9 @@ class CallTemplate:
         self.args = tuple(args)
         self.slot = slot
         self._head = _eval_head((script.sha, len(args), self.keys)) + b"".join(
-            [_bulk(a) for a in args[:slot]]
+            map(_bulk, args[:slot])
         )
-        self._tail = b"".join([_bulk(a) for a in args[slot + 1 :]])
+        self._tail = b"".join(map(_bulk, args[slot + 1 :]))
 
     def fill(self, value: Arg) -> ScriptCall:
         """The call with ``value`` as argument number ``slot``."""
@@ -185,9 +180,9 @@ def collector(count: int, deliver: OnReply) -> list[OnReply]:
 class Pipe(asyncio.Protocol):
     """The protocol side of one connection: replies are handed to callbacks in order.
 
-    With an ``op_timeout``, ONE timer per connection watches the oldest unanswered request:
-    when it has waited that long, the connection is given up and every request on it gets
-    a :class:`~aiodlock.BackendTimeout` (so no caller needs a timer of its own).
+    ONE timer per connection watches the oldest unanswered request: when it has waited
+    ``op_timeout``, every request on the connection gets a :class:`~aiodlock.BackendTimeout`
+    (no caller needs a timer of its own).
     """
 
     def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
@@ -196,9 +191,8 @@ class Pipe(asyncio.Protocol):
         self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
-        #: One entry per unanswered request, oldest first: its callback, its script
-        #: (``send_one(..., call)``; None for the others: a NOSCRIPT answer to a script is
-        #: sent again with the source) and when it was sent.
+        #: Per unanswered request, oldest first: its callback, its script (or None) and
+        #: when it was sent.
         self._waiting: collections.deque[tuple[OnReply, ScriptCall | None, float]] = (
             collections.deque()
         )
@@ -274,37 +268,27 @@ class Pipe(asyncio.Protocol):
             self.transport.abort()
 
     def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
-        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order.
-
-        ``calls``: per command, the script it runs by EVALSHA (or None), as in
-        :meth:`send_one`.
-        """
+        """Write ``data`` (one or more commands); ``callbacks`` get the replies in order."""
         if self.broken is not None:
             for callback in callbacks:
                 callback(self.broken)
             return
         now = monotonic()
-        if calls is None:
-            self._waiting.extend([(callback, None, now) for callback in callbacks])
-        else:
-            self._waiting.extend(
-                [(callback, call, now) for callback, call in zip(callbacks, calls, strict=True)]
-            )
-        if self._timer.handle is None and self.op_timeout is not None:
-            self._timer.at(now + self.op_timeout)  # (armed: for an older request, earlier)
-        self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
+        scripts = itertools.repeat(None) if calls is None else calls
+        self._waiting.extend(zip(callbacks, scripts, itertools.repeat(now)))
+        self._write(data, now)
 
     def send_one(self, data: bytes, callback: OnReply, call: ScriptCall | None = None) -> None:
-        """:meth:`send` for one command and its callback (the hot path: no list).
-
-        ``call``: the command is that script's EVALSHA; if the server answers NOSCRIPT, it is
-        sent again with the script's source and ``callback`` gets that answer.
-        """
+        """:meth:`send` for one command (the hot path: no list).  ``call``: the command is
+        that script's EVALSHA; a NOSCRIPT answer sends it again with the source."""
         if self.broken is not None:
             callback(self.broken)
             return
         now = monotonic()
         self._waiting.append((callback, call, now))
+        self._write(data, now)
+
+    def _write(self, data: bytes, now: float) -> None:
         if self._timer.handle is None and self.op_timeout is not None:
             self._timer.at(now + self.op_timeout)  # (armed: for an older request, earlier)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
@@ -315,11 +299,8 @@ class Pipe(asyncio.Protocol):
 
 
 class PushPipe(Pipe):
-    """A pipe whose replies, once no request waits for one, go to ``on_push``: a pub/sub
-    connection (its handshake is answered in order, then every message is pushed).
-
-    ``lost`` gets the error the connection ended with; ``last`` is when data last came.
-    """
+    """A pub/sub connection: replies no request waits for (messages) go to ``on_push``;
+    ``lost`` gets the error the connection ended with; ``last`` is when data last came."""
 
     pushed = True
 
@@ -346,11 +327,8 @@ class PushPipe(Pipe):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
-    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``.
-
-    ``tls``: makes the SSL context of a TLS connection (called when connecting, so a missing
-    certificate file is a failure to connect like any other).
-    """
+    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``; ``tls``
+    makes the SSL context (when connecting: a missing certificate fails the connection)."""
 
     host: str = "localhost"
     port: int = 6379
@@ -369,16 +347,12 @@ Target = Address | Callable[[], Awaitable[Address]]
 
 
 class Link:
-    """ONE pipelined connection to one server, made (again) on demand.
+    """ONE pipelined connection to one server, made (again) on demand: requests made
+    meanwhile are sent, in order, once it is ready.
 
-    Requests made while the connection is being made are sent, in order, once it is ready;
-    a connection whose oldest request has waited ``op_timeout`` is dropped (by its pipe's
-    timer, failing every request on it with :class:`~aiodlock.BackendTimeout`) and the next
-    request makes a new one.
-
-    ``extra()`` may add packed commands to the handshake; ``on_extra(replies)`` then gets
-    their replies (an error reply among them fails the connection attempt).  With
-    ``on_push`` the connection is a pub/sub one (:class:`PushPipe`).
+    ``extra()`` may add packed commands to the handshake (AUTH, CLIENT SETNAME, SELECT,
+    SCRIPT LOAD); ``on_extra(replies)`` gets their replies.  With ``on_push`` the connection
+    is a pub/sub one (:class:`PushPipe`).
     """
 
     def __init__(
@@ -410,7 +384,6 @@ class Link:
         self._on_extra = on_extra
         self.on_push = on_push
         #: The current connection's pipe (None before the first and after a broken one).
-        #: NOTE: usable while it is not ``broken``: see :meth:`eval`.
         self.pipe: Pipe | None = None
         self._connecting: asyncio.Task[Pipe] | None = None
         self.closed = False
@@ -430,11 +403,7 @@ class Link:
         return None
 
     def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
-        """Write ``data``; ``callbacks`` get the replies (or the failure) in order.
-
-        ``calls``: per command, the script it runs by EVALSHA, or None (see Pipe.send_one:
-        the pipe answers NOSCRIPT by sending the script's source).
-        """
+        """Write ``data``; ``callbacks`` get the replies (or the failure) in order."""
         if self.closed:
             error = NodeConnectionError("the connection is closed")
             for callback in callbacks:
@@ -475,8 +444,7 @@ class Link:
             task = self._connecting = asyncio.get_running_loop().create_task(
                 self._connect(), name=f"aiodlock:{self.label}:connect"
             )
-            # NOTE: registered first, so the new pipe is in place before the requests that
-            # waited for it are sent (in the order they came).
+            # (first, so the pipe is in place before the requests that waited are sent)
             task.add_done_callback(self._connected)
         return task
 
@@ -562,9 +530,8 @@ class Link:
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
-        # NOTE: the hot path checks only that the pipe is not broken: a request written to
-        # a transport that is closing but not yet reported lost is failed by the pipe when
-        # connection_lost comes (right after), like every other unanswered request.
+        # NOTE: only "not broken" is checked: a request written to a transport that is
+        # closing is failed by the pipe when connection_lost comes (right after).
         pipe = self.pipe
         if pipe is not None and pipe.broken is None:
             pipe.send_one(call.data, deliver, call)  # (NOSCRIPT is handled by the pipe)
@@ -572,8 +539,7 @@ class Link:
         self.send(call.data, [deliver], [call])
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
-        """Run scripts in one write; ``deliver`` gets the list of replies (or the first
-        failure)."""
+        """Run scripts in one write; ``deliver`` gets the replies (or the first failure)."""
         if calls:
             callbacks = collector(len(calls), deliver)
             self.send(b"".join(call.data for call in calls), callbacks, calls)

@@ -1,41 +1,55 @@
-"""RedisBackend: ``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster."""
+"""RedisBackend: ``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster.
+
+Every call is ONE round trip on a pipelined :class:`~._wire.Link` (a NOSCRIPT answer costs
+a second one, sent by the pipe itself), bounded by ``op_timeout`` through the link's own
+timer; which link is the deployment's business (:class:`~._node.Links`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import anyio
 
 from ..._errors import BackendError
-from ..._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LockStatus,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
-from ..._url import ParsedURL
-from ..._wakeup import WakeupBoard
+from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
+from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import Settings, connect_deployment, parse_settings
-from ._node import GrantData, RedisNode, ms
-from ._pubsub import PubSubHub
-from ._scripts import LockKeys, key_table
-from ._waiting import Waiting
+from ._node import (
+    TRANSIENT_REPLIES,
+    GrantData,
+    Links,
+    ServerLinks,
+    TransientReply,
+    abandon_call,
+    acquire_call,
+    force_release_call,
+    ms,
+    release_calls,
+    status_call,
+    transfer_template,
+)
+from ._pubsub import Listening, PubSubHub
+from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo, key_table
+from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
 
+if TYPE_CHECKING:
+    from ..._types import CommonConfig, LostCallback
+    from ..._url import ParsedURL
 
-def _nothing() -> None:
-    pass
+T = TypeVar("T")
 
 
 class RedisBackend(Backend):
     """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
 
-    See ``docs/backends/redis.md`` for the algorithm, its guarantees and failure modes.
+    ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
+    write: a grant that fewer than N replicas acknowledged in time is released again and
+    reported as a :class:`~aiodlock.BackendError`.  See ``docs/backends/redis.md``.
     """
 
     backend_name = "redis"
@@ -54,13 +68,23 @@ class RedisBackend(Backend):
         #: attempt: as long as a lease (the waiter asks again every third of it).
         self._lease_waiter_ms = ms(config.watchdog_ttl)
         self._keys = key_table(config.namespace)
-        self._closing: Callable[[], None] = _nothing
-        self._node: RedisNode | None = None
+        self._closing: Callable[[], None] = lambda: None
+        self._links: Links | None = None
         self._hub: PubSubHub | None = None
         #: The local waiters by channel, woken by the hub one at a time.
         self.board = WakeupBoard()
         secrets = (settings.password or "", settings.sentinel_password or "")
         self._secrets = tuple(s for s in secrets if s)
+        self.sync_replicas = settings.sync_replicas
+        self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
+        #: The hot calls, packed once (an owner's attempts and releases repeat them).
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            release_calls
+        )
+        self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
+            transfer_template
+        )
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -69,21 +93,20 @@ class RedisBackend(Backend):
     def describe(self) -> str:
         return self.settings.shown
 
-    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def links(self) -> Links:
+        """Where the deployment's commands go (after :meth:`open`)."""
+        return _opened(self._links)
 
     @property
-    def node(self) -> RedisNode:
-        """The protocol on the deployment (after :meth:`open`)."""
-        if self._node is None:
-            raise BackendError("redis: the backend is not open")
-        return self._node
+    def link(self) -> Link | None:
+        """The one command link of a single server (None on a Cluster)."""
+        return self.links.link if isinstance(self.links, ServerLinks) else None
 
     @property
     def hub(self) -> PubSubHub:
         """The shared pub/sub connection (after :meth:`open`)."""
-        if self._hub is None:
-            raise BackendError("redis: the backend is not open")
-        return self._hub
+        return _opened(self._hub)
 
     @property
     def client(self) -> Any:
@@ -92,33 +115,55 @@ class RedisBackend(Backend):
 
     async def open(self, on_lost: LostCallback) -> None:
         links, hub_link, self._closing = connect_deployment(self.settings, self.config)
-        self._node = RedisNode(
-            links,
-            label="redis",
-            secrets=self._secrets,
-            sync_replicas=self.settings.sync_replicas,
-            sync_timeout=self.settings.sync_timeout,
-        )
-        ttl = self.config.watchdog_ttl
+        self._links = links
         self._hub = PubSubHub(
             hub_link,
             self.board,
             op_timeout=self.config.op_timeout,
-            ping_interval=max(1.0, min(10.0, ttl / 3)),
+            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
             label="redis",
             secrets=self._secrets,
             on_reconnect=links.reset,
         )
-        await self._node.ping(self.config.connect_timeout)
+        try:  # (the servers answer, and we may talk to them)
+            async with asyncio.timeout(self.config.connect_timeout):
+                await links.ping()
+        except Exception as exc:
+            raise self._error(exc, "connect") from exc
 
     async def aclose(self) -> None:
         hub, self._hub = self._hub, None
-        node, self._node = self._node, None
+        links, self._links = self._links, None
         if hub is not None:
             await hub.aclose()
-        if node is not None:
-            node.close()
+        if links is not None:
+            links.close()
         self._closing()
+
+    # -- sending and answers ---------------------------------------------------------------
+
+    def _error(self, exc: BaseException, what: str) -> BaseException:
+        """``exc`` (a failed call's outcome) as aiodlock reports it."""
+        if type(exc) is ReplyError and str(exc).startswith(TRANSIENT_REPLIES):
+            if str(exc).startswith("READONLY"):
+                self.links.reset()  # a master turned replica (a failover): find the new one
+            exc = TransientReply(str(exc))
+        return wire_error("redis", exc, what, self._secrets, (TransientReply,))
+
+    def _start(self, call: ScriptCall) -> asyncio.Future[Any]:
+        """Send ``call`` now; :meth:`_finish` gets its answer."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.links.eval(call, resolver(future))
+        return future
+
+    async def _finish(self, sent: asyncio.Future[Any], what: str) -> Any:
+        reply = await sent
+        if isinstance(reply, BaseException):
+            raise self._error(reply, what) from reply
+        return reply
+
+    def _run(self, call: ScriptCall) -> Awaitable[Any]:
+        return self._finish(self._start(call), call.script.name)
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -127,79 +172,130 @@ class RedisBackend(Backend):
         return self._keys(name)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        name = request.name
+        name, owner, ttl = request.name, request.owner, request.ttl
         keys = self._keys(name)
-        ttl = request.ttl
         # (an urgent waiter takes a place in line, as a fair one does)
         urgent = request.urgent and will_wait and not request.fair
         started = monotonic()
-        value = await self.node.acquire(
-            keys,
-            request.owner,
-            ms(ttl),
-            fair=request.fair,
-            urgent=urgent,
-            queue=will_wait,
-            waiter_ms=self._lease_waiter_ms,
-        )
+        if request.fair or urgent:
+            call = ScriptCall(
+                ACQUIRE_FAIR,
+                (keys.lock, keys.counter, keys.queue, keys.deadlines),
+                (
+                    owner,
+                    ms(ttl),
+                    self._lease_waiter_ms,
+                    b"1" if will_wait else b"0",
+                    b"1" if urgent else b"0",
+                ),
+            )
+        else:
+            call = self._acquire_calls((keys, owner, ms(ttl)))
+        # The script answers the token (>= 1) if granted; else -1 - ms until a retry may be
+        # worth it (the holder's remaining lease...), or 0 when no such time is known.
+        if self.sync_replicas:
+            value = await self._acquire_synced(keys, owner, call)
+        else:
+            value = await self._finish(self._start(call), call.script.name)
         if value > 0:
-            data = GrantData(keys, str(value))
-            return Grant(name, request.owner, value, started + ttl, data)
+            return Grant(name, owner, value, started + ttl, GrantData(keys, str(value)))
         return Busy((-1 - value) / 1000 if value else None)
 
-    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        return Waiting(self.board, self.hub, self._keys(request.name), request)
+    async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.links.eval_wait(call, self._wait, resolver(future))
+        reply, acks = await self._finish(future, call.script.name)
+        value = int(reply)
+        if value > 0 and int(acks) < self.sync_replicas:
+            with anyio.CancelScope(shield=True), contextlib.suppress(BackendError):
+                await self._release(keys, owner, str(value))
+            raise BackendError(
+                f"redis: only {acks} of {self.sync_replicas} replicas acknowledged the "
+                f"grant of {keys.name!r} within {ms(self.settings.sync_timeout)} ms "
+                f"(sync_replicas); the lock was released again"
+            )
+        return value
+
+    def waiter(self, request: Request) -> Listening:
+        keys = self._keys(request.name)
+        hubs = (self.hub,)
+        if request.fair:  # (its own channel, where only its turn is announced)
+            return Listening(self.board, hubs, keys.waiter_channel(request.owner), None, Backoff())
+        # (once urgent, in line: the message that calls it names it)
+        tag = request.owner.encode("utf-8", "surrogatepass")
+        return Listening(self.board, hubs, keys.channel, tag, Backoff())
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """One pipeline per server.  Renewals do not wait for replicas (``sync_replicas``
+        guards grants): after a failover the promoted replica may have no replica of its
+        own, and demanding acknowledgements would lose every lease the failover kept."""
         if not grants:
             return []
         started = monotonic()
-        items = [(_data(g).keys, g.owner, _data(g).token) for g in grants]
-        results = await self.node.renew(items, ms(ttl))
-        expires_at = started + ttl
-        return [expires_at if ok else None for ok in results]
+        lease_ms = ms(ttl)
+        calls = [
+            ScriptCall(RENEW, (_data(g).keys.lock,), (g.owner, _data(g).token, lease_ms))
+            for g in grants
+        ]
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.links.eval_many(calls, resolver(future))
+        replies = await self._finish(future, "renew")
+        return [started + ttl if reply == 1 else None for reply in replies]
+
+    def _release(self, keys: LockKeys, owner: str, token: str) -> Awaitable[bool]:
+        """Compare-and-delete by owner and token, sent at once (the answer awaited later)."""
+        template, _ = self._release_calls((keys, owner))
+        return _is_one(self._run(template.fill(token)))
 
     async def release(self, grant: Grant) -> bool:
         data = _data(grant)
-        return bool(await self.node.release(data.keys, grant.owner, data.token) == 1)
+        return await self._release(data.keys, grant.owner, data.token)
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
-        node, data = self._node, grant.data
-        if node is None or not isinstance(data, GrantData):
+        data = grant.data
+        if self._links is None or not isinstance(data, GrantData):
             return self.release(grant)
-        return _is_one(node.release(data.keys, grant.owner, data.token))
+        return self._release(data.keys, grant.owner, data.token)
 
     async def transfer(self, grant: Grant, to: Request) -> Grant | bool:
         data = _data(grant)
-        node = self.node
-        if node.sync_replicas:
+        if self.sync_replicas:
             # (a grant must wait for its replicas, which the one-step script does not)
-            return bool(await node.release(data.keys, grant.owner, data.token) == 1)
+            return await self._release(data.keys, grant.owner, data.token)
         keys = data.keys
         started = monotonic()  # before sending: the receiver's lease is conservative
-        value = await node.release_transfer(keys, grant.owner, data.token, to.owner, ms(to.ttl))
+        call = self._transfer_calls((keys, grant.owner, to.owner, ms(to.ttl))).fill(data.token)
+        # (the receiver's new token; 0: not held, nothing changed; -1: released, but the
+        # first in line was called instead)
+        value = int(await self._run(call))
         if value > 0:
             return Grant(grant.name, to.owner, value, started + to.ttl, GrantData(keys, str(value)))
         return value < 0
 
     async def abandon(self, request: Request) -> None:
-        await self.node.abandon(self.keys_for(request.name), request.owner)
+        await self._run(abandon_call(self.keys_for(request.name), request.owner))
 
     async def status(self, name: str) -> LockStatus | None:
-        found = await self.node.status(self.keys_for(name))
-        if found is None:
+        reply = await self._run(status_call(self.keys_for(name)))
+        if not reply:
             return None
-        owner, token, pttl, waiters = found
+        owner, token, pttl, waiters = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
         return LockStatus(
             name,
-            owner,
+            owner.decode("utf-8", "surrogateescape"),
             token,
             pttl / 1000 if pttl >= 0 else None,
             waiters if waiters >= 0 else None,
         )
 
     async def force_release(self, name: str) -> bool:
-        return await self.node.force_release(self.keys_for(name))
+        return bool(await self._run(force_release_call(self.keys_for(name))) == 1)
+
+
+def _opened(thing: T | None) -> T:
+    if thing is None:
+        raise BackendError("redis: the backend is not open")
+    return thing
 
 
 async def _is_one(pending: Awaitable[Any]) -> bool:

@@ -1,83 +1,43 @@
 """``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
 
-Each master keeps the same data as a plain ``redis://`` lock: the key layout and the Lua
-scripts of :mod:`._scripts` (shared with the Redis backend, run by
-SHA).  This module adds the quorum on top:
-
-1. note the start on the monotonic clock;
-2. ask every node AT ONCE, each answer awaited at most ``node_timeout``; a node that times
-   out or fails counts as a no;
-3. the lock is held only if a majority (``N // 2 + 1``) said yes and the time spent is
-   below the ttl: the lease is then valid until ``start + ttl - drift`` with
-   ``drift = ttl * drift_factor + 2 ms``;
-4. otherwise the attempt is undone on every node that granted or did not answer (all at
-   once) and the waiting loop of the core tries again later (after a random pause of at
-   most ``retry_delay`` when the vote was split);
-5. renewals (batched by the core's watchdog) and releases fan out the same way;
-6. a waiter listens to the release channel of the name on every node (one shared pub/sub
-   connection per node, :class:`~._pubsub.PubSubHub`) and also retries at
-   random intervals, so a lost message or a dead node never strands it;
-7. the fencing token is the largest of the per-node ``INCR`` counters among the nodes that
-   granted; when they differ, the lagging counters are raised to it on a majority before the
-   grant is returned (so that, while no counter is lost, every later grant sees it);
-8. ``rejoin_delay``: a node that lost its data (a restart without persistence, detected by a
-   marker key that vanished) does not count towards a majority until that long after it was
-   first seen empty.
-
-Each node is spoken to over ONE pipelined connection (:class:`~._wire.Link`, as the Redis
-backend does; the fan-out is :class:`~._quorum.Quorum`): a fan-out costs one write per node
-and one wake-up of the caller, and every request to a node runs after the ones sent before
-it (an attempt's clean-up can never overtake the attempt, even on a node that was paused in
-between).  This process's local state (waiters, holders, split-vote pauses) is
-:class:`~._redlock_waiting.RedlockLocal`.
+Each master keeps the data and runs the scripts of a plain ``redis://`` lock; this module
+adds the quorum.  An attempt asks every node at once (each answer awaited at most
+``node_timeout``): the lock is held when a majority said yes within the ttl, valid until
+``start + ttl - drift`` (``drift = ttl * drift_factor + 2 ms``); otherwise it is undone on
+every node that did not say no, and a split vote pauses the owner for a random time of at
+most ``retry_delay``.  The fencing token is the largest of the granting nodes' counters
+(the lagging ones are raised to it on a majority first).  With ``rejoin_delay``, a node
+that lost its data counts only that long after it was first seen empty.  Every node is one
+pipelined :class:`~._wire.Link` (an attempt's clean-up never overtakes it) and one
+:class:`~._pubsub.PubSubHub`; the local turns of this process's tasks are the core's.
 
 See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from ..._errors import BackendError, describe
-from ..._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LockStatus,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
-from ..._url import ParsedURL
+from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
+from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import acquire_call, ms, release_calls
-from ._pubsub import PubSubHub
-from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered, any_answer
-from ._redlock_waiting import RedlockLocal, RedlockWaiting
-from ._scripts import (
-    ABANDON,
-    FORCE_RELEASE,
-    RAISE_COUNTER,
-    REDLOCK_SCRIPTS,
-    REJOIN,
-    RENEW,
-    STATUS,
-    LockKeys,
-    Memo,
-    key_table,
-)
+from ._node import abandon_call, acquire_call, force_release_call, ms, release_calls, status_call
+from ._pubsub import Listening, PubSubHub
+from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
+from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys, Memo, key_table
 from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, pack
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig, LostCallback
+    from ..._url import ParsedURL
 
 __all__ = ["RedlockBackend"]
 
@@ -93,7 +53,6 @@ DRIFT_FLOOR: Final = 0.002
 @dataclasses.dataclass(slots=True)
 class GrantData:
     keys: LockKeys
-    channel_key: str
     #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
     tokens: dict[int, int]
     #: the lease's token (the largest of them)
@@ -103,14 +62,11 @@ class GrantData:
 
 
 class RedlockBackend(Backend):
-    """Redlock: a lock is held when a majority of N independent Redis masters granted it.
-
-    See ``docs/backends/redlock.md`` for the algorithm, its guarantees and its limits.
-    """
+    """Redlock: a lock is held when a majority of N independent Redis masters granted it."""
 
     backend_name = "redlock"
     # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+    capabilities = Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS
 
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
         self.settings = settings
@@ -119,8 +75,8 @@ class RedlockBackend(Backend):
         self._nodes: list[Node] = []
         #: Per node, from when its votes count; None while every node counts (rejoin_delay)
         self._after: list[float] | None = None
-        #: This process's waiters and what it knows of each name (local policy).
-        self.waiting = RedlockLocal(config.op_timeout, settings.retry_delay)
+        #: The local waiters by channel, woken by every node's hub (one at a time).
+        self.board = WakeupBoard(single=True)
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
         every = (settings.password, *(settings.passwords or ()))
@@ -134,8 +90,6 @@ class RedlockBackend(Backend):
         self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
             release_calls
         )
-
-    # -- configuration ---------------------------------------------------------------------
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -161,8 +115,6 @@ class RedlockBackend(Backend):
             raise BackendError("redlock: the backend is not open")
         return self._nodes
 
-    # -- lifecycle -------------------------------------------------------------------------
-
     def _build_node(self, index: int, host: str, port: int) -> Node:
         s = self.settings
         password = s.password if s.passwords is None else s.passwords[index]
@@ -187,7 +139,7 @@ class RedlockBackend(Backend):
         pubsub = link()
         node.hub = PubSubHub(
             pubsub,
-            self.waiting.board,
+            self.board,
             op_timeout=self.config.op_timeout,
             ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
             label=node.label,
@@ -242,7 +194,7 @@ class RedlockBackend(Backend):
             what=what,
             timeout=timeout,
             patience=self._patience,
-            vote=any_answer,
+            decided=lambda replies: answered(replies) >= self.quorum,
         )
         count = answered(outcomes)
         if count < self.quorum:
@@ -259,33 +211,12 @@ class RedlockBackend(Backend):
         for node in nodes:
             await node.hub.aclose()
 
-    # -- the protocol ----------------------------------------------------------------------
-
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` (the same on every node)."""
         return self._keys(name)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         keys = self.keys_for(request.name)
-        ckey = keys.channel_key
-        waiting = self.waiting
-        decided = waiting.before_attempt(ckey, request.owner, will_wait)
-        if isinstance(decided, Busy):
-            return decided
-        local, handoff = decided
-        until: float | None = None
-        try:
-            result = await self._attempt(keys, ckey, request, will_wait)
-            if isinstance(result, Grant):
-                until = result.expires_at
-                assert until is not None
-            return result
-        finally:
-            waiting.after_attempt(ckey, local, handoff, request.owner, until)
-
-    async def _attempt(
-        self, keys: LockKeys, ckey: str, request: Request, will_wait: bool
-    ) -> Grant | Busy:
         nodes = self.nodes
         owner = request.owner
         ttl = request.ttl
@@ -308,7 +239,7 @@ class RedlockBackend(Backend):
             if level and monotonic() - started + drift < ttl:
                 # NOTE: the ballot's own tokens: a node that grants after the vote adds its
                 # token there, and the release and renewals then send it that token.
-                data = GrantData(keys, ckey, tokens, token, ballot)
+                data = GrantData(keys, tokens, token, ballot)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
@@ -353,10 +284,7 @@ class RedlockBackend(Backend):
             needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
             return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
         # A split vote (or nodes not counted yet): try again after a random pause.
-        pause = random.uniform(0.0, self.settings.retry_delay)
-        if will_wait:
-            self.waiting.pause(ckey, owner, pause)
-        return Busy(pause)
+        return Busy(random.uniform(0.0, self.settings.retry_delay), pause=True)
 
     async def _raise_counters(
         self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
@@ -384,49 +312,28 @@ class RedlockBackend(Backend):
 
     async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[Node]) -> list[Outcome]:
         """Remove ``owner``'s keys from ``nodes``, all at once."""
-        call = ScriptCall(
-            ABANDON,
-            (keys.lock, keys.queue, keys.deadlines),
-            (owner, keys.channel, keys.waiter_prefix),
-        )
         return await self.fan(
             nodes,
-            call,
+            abandon_call(keys, owner),
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
             decided=lambda outcomes: True,
         )
 
-    def waiter(self, request: Request) -> contextlib.AbstractAsyncContextManager[Waiter]:
-        channel = self.keys_for(request.name).channel
-        return RedlockWaiting(self.waiting, self, channel, request.owner)
-
-    def hubs(self) -> list[PubSubHub]:
-        """The nodes' pub/sub hubs (after :meth:`open`)."""
-        return [node.hub for node in self.nodes]
-
-    def majority_since(self, channel: bytes) -> float | None:
-        """Since when a majority of the nodes has ``channel`` confirmed without a break."""
-        since = sorted(
-            t for t in (node.hub.ready_since(channel) for node in self.nodes) if t is not None
+    def waiter(self, request: Request) -> Listening:
+        # (every node's hub; the waiter also polls at random intervals up to retry_delay)
+        delay = self.settings.retry_delay
+        return Listening(
+            self.board,
+            [node.hub for node in self.nodes],
+            self.keys_for(request.name).channel,
+            None,
+            Backoff(delay, delay),
+            need=self.quorum,
+            bound=min(self.config.op_timeout, max(0.25, 5 * self._patience)),
+            listen=False,
         )
-        return since[self.quorum - 1] if len(since) >= self.quorum else None
-
-    async def await_subscriptions(self, channel: bytes, tasks: list[asyncio.Task[Any]]) -> None:
-        """Until a majority of the nodes confirmed ``channel`` (or ``tasks`` ended), briefly."""
-        nodes = self.nodes
-        deadline = monotonic() + min(self.config.op_timeout, max(0.25, 5 * self._patience))
-        pending = set(tasks)
-        while pending:
-            if sum(1 for node in nodes if node.hub.is_ready(channel)) >= self.quorum:
-                return
-            left = deadline - monotonic()
-            if left <= 0:
-                return
-            _, pending = await asyncio.wait(
-                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
@@ -437,19 +344,12 @@ class RedlockBackend(Backend):
         quorum = self.quorum
         n = len(nodes)
 
-        made: dict[tuple[int, int | str], ScriptCall] = {}
+        @functools.cache
+        def call(i: int, token: int | str) -> ScriptCall:
+            return ScriptCall(RENEW, (data[i].keys.lock,), (grants[i].owner, token, lease_ms))
 
         def calls(node: Node) -> list[ScriptCall]:
-            out = []
-            for i, (g, d) in enumerate(zip(grants, data, strict=True)):
-                token: int | str = d.tokens.get(node.index, "")
-                call = made.get((i, token))
-                if call is None:
-                    call = made[(i, token)] = ScriptCall(
-                        RENEW, (d.keys.lock,), (g.owner, token, lease_ms)
-                    )
-                out.append(call)
-            return out
+            return [call(i, d.tokens.get(node.index, "")) for i, d in enumerate(data)]
 
         def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
             yes = [0] * len(grants)
@@ -481,19 +381,8 @@ class RedlockBackend(Backend):
         yes, unknown = tally(outcomes, now)
         drift = self.drift(ttl)
         valid = now - started + drift < ttl
-        results: list[float | None] = []
-        undecided = 0
-        for i, (grant, d) in enumerate(zip(grants, data, strict=True)):
-            if yes[i] >= quorum and valid:
-                expires_at = started + ttl - drift
-                results.append(expires_at)
-                self.waiting.renewed(d.channel_key, grant.owner, expires_at)
-            elif yes[i] + unknown[i] < quorum or not valid:
-                results.append(None)
-                self.waiting.forget_holder(d.channel_key, grant.owner)
-            else:
-                undecided += 1
-                results.append(None)
+        results = [started + ttl - drift if y >= quorum and valid else None for y in yes]
+        undecided = sum(valid and y < quorum <= y + u for y, u in zip(yes, unknown, strict=True))
         if undecided:
             raise BackendError(
                 f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
@@ -505,8 +394,6 @@ class RedlockBackend(Backend):
         return await self.start_release(grant)
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
-        # The requests leave at once (pipelined links); the core's bookkeeping then runs
-        # while the nodes work.
         nodes = self._nodes
         d = grant.data
         if not nodes or not isinstance(d, GrantData):
@@ -528,17 +415,14 @@ class RedlockBackend(Backend):
                     request.append(template.fill(mine))  # (a lagging counter, raised since)
         tally = Votes(len(nodes), self.quorum, acquire=False)
         self.fan.start(nodes, request, tally)
-        return self._finish_release(grant, d, tally)
+        return self._finish_release(grant, tally)
 
     async def _release_failed(self, grant: Grant) -> bool:
         grant_data(grant)  # TypeError for a grant of another backend
         raise BackendError("redlock: the backend is not open")
 
-    async def _finish_release(self, grant: Grant, d: GrantData, tally: Votes) -> bool:
-        try:
-            await self.fan.finish(tally, timeout=self.config.op_timeout, patience=0.0)
-        finally:
-            self.waiting.released(d.channel_key, grant.owner)
+    async def _finish_release(self, grant: Grant, tally: Votes) -> bool:
+        await self.fan.finish(tally, timeout=self.config.op_timeout, patience=0.0)
         if tally.yes >= tally.need:
             return True
         n = len(tally.replies)
@@ -552,14 +436,7 @@ class RedlockBackend(Backend):
         )
 
     async def abandon(self, request: Request) -> None:
-        keys = self.keys_for(request.name)
-        ckey = keys.channel.decode("latin-1")
-        owner = request.owner
-        self.waiting.abandoned(ckey, owner)
-        try:
-            outcomes = await self._undo(keys, owner, self.nodes)
-        finally:
-            self.waiting.forget_holder(ckey, owner)
+        outcomes = await self._undo(self.keys_for(request.name), request.owner, self.nodes)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:
             raise BackendError(
@@ -568,8 +445,7 @@ class RedlockBackend(Backend):
             )
 
     async def status(self, name: str) -> LockStatus | None:
-        keys = self.keys_for(name)
-        call = ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
+        call = status_call(self.keys_for(name))
         outcomes = await self._majority(call, "status", self.config.op_timeout)
         holders: dict[str, list[tuple[int, int]]] = {}
         for outcome in outcomes:
@@ -587,12 +463,7 @@ class RedlockBackend(Backend):
         return None
 
     async def force_release(self, name: str) -> bool:
-        keys = self.keys_for(name)
-        call = ScriptCall(
-            FORCE_RELEASE,
-            (keys.lock, keys.queue, keys.deadlines),
-            (keys.channel, keys.waiter_prefix),
-        )
+        call = force_release_call(self.keys_for(name))
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
 

@@ -134,7 +134,7 @@ async def test_failover_with_sync_replicas_keeps_the_lock(
 def master_port(client: aiodlock.Client, name: str) -> int:
     """The port of the master that serves lock ``name``'s slot, as ``client`` knows it."""
     backend = backend_of(client)
-    cluster = backend.node.links
+    cluster = backend.links
     assert isinstance(cluster, ClusterLinks)
     address = cluster.address_of(backend.keys_for(name).lock)
     assert address is not None
@@ -148,7 +148,7 @@ async def test_cluster_locks_on_every_node(
     a = await make_client(url)
     b = await make_client(url)
     names = [f"c:{i}" for i in range(30)] + ["{", "}", "a{b}c", "ünï {x}"]
-    cluster = backend_of(a).node.links
+    cluster = backend_of(a).links
     assert isinstance(cluster, ClusterLinks)
     nodes = {cluster.address_of(backend_of(a).keys_for(name).lock) for name in names}
     assert len(nodes) == 3  # the names land on all three masters
@@ -195,7 +195,7 @@ async def test_cluster_fair_and_renewals_grouped_by_node(
         grant = await backend.try_acquire(Request(f"r:{i}", "owner:1", 5.0), will_wait=False)
         assert isinstance(grant, Grant)
         grants.append(grant)
-    cluster = backend.node.links
+    cluster = backend.links
     assert isinstance(cluster, ClusterLinks)
     masters = {cluster.address_of(backend.keys_for(g.name).lock) for g in grants}
     with writes(*(cluster.link_to(m) for m in masters if m is not None)) as sent:

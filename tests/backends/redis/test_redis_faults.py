@@ -125,7 +125,7 @@ async def test_a_waiter_rides_out_a_paused_server(
     other = await make_client(server.url, op_timeout=0.3, watchdog_ttl=10.0)
     lease = await holder.lock("stalled", ttl=0.6, on_lost="ignore").acquire()
     async with Monitor(raw_factory(server.url)) as monitor:
-        port = port_of(backend_of(other).node.link)
+        port = port_of(backend_of(other).link)
         waiting = asyncio.create_task(other.lock("stalled").acquire(timeout=HANG))
 
         async def asleep() -> bool:
@@ -154,7 +154,7 @@ async def test_paused_server_gives_backend_errors_and_recovers(
     held = client.lock("paused")
     await held.acquire()
     async with Monitor(raw_factory(server.url)) as monitor:
-        port = port_of(backend_of(other).node.link)
+        port = port_of(backend_of(other).link)
         waiting = asyncio.create_task(other.lock("paused").acquire(timeout=HANG))
 
         # asleep: one attempt, the subscription, one more attempt, and (once it has waited
@@ -364,7 +364,7 @@ async def test_ten_thousand_leases_renewed_by_pipelined_batches(
     await eventually(lambda: len(leases) == holders * per_holder, timeout=120, what="all held")
     all_held = time.monotonic()
     tasks_alive = len(asyncio.all_tasks())
-    with writes(backend.node.link) as sent:
+    with writes(backend.link) as sent:
         # One full renewal round: every lease renewed once.
         await eventually(lambda: sum(calls) >= holders * per_holder, timeout=ttl * 3)
     elapsed = time.monotonic() - all_held

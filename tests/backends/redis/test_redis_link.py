@@ -15,7 +15,7 @@ from aiodlock.backends.redis._cluster import ClusterLinks
 from aiodlock.backends.redis._deployments import connect_deployment
 from aiodlock.backends.redis._node import ServerLinks
 from aiodlock.backends.redis._scripts import RELEASE, LockKeys
-from aiodlock.backends.redis._wire import Address, CallTemplate, EvalPacker, Link, ScriptCall, pack
+from aiodlock.backends.redis._wire import Address, CallTemplate, Link, ScriptCall, pack
 
 from .redis_helpers import HANG, ClientFactory, backend_of, connection_ids, writes
 
@@ -42,17 +42,16 @@ def test_pack_is_the_redis_protocol(args: tuple[Any, ...]) -> None:
     assert pack(*args) == b"".join(reference.pack_command(*encoded))
 
 
-def test_the_eval_packer_reuses_heads_and_stays_exact() -> None:
-    packer = EvalPacker(limit=2)
+def test_script_calls_reuse_heads_and_stay_exact() -> None:
     keys = LockKeys("ns", "orders:42")
     k = (keys.lock, keys.queue, keys.deadlines)
     for token in ("1", "2", ""):
         a = ("owner:1", token, keys.channel, keys.waiter_prefix)
-        assert packer(RELEASE, k, a) == pack(b"EVALSHA", RELEASE.sha, 3, *k, *a)
         assert ScriptCall(RELEASE, k, a).data == pack(b"EVALSHA", RELEASE.sha, 3, *k, *a)
-    for i in range(5):  # more (script, keys) pairs than the limit: still exact
+    for i in range(5000):  # more (script, keys) pairs than the table keeps: still exact
         other = (b"x%d" % i,)
-        assert packer(RELEASE, other, ("o",)) == pack(b"EVALSHA", RELEASE.sha, 1, *other, "o")
+        call = ScriptCall(RELEASE, other, ("o",))
+        assert call.data == pack(b"EVALSHA", RELEASE.sha, 1, *other, "o")
 
 
 @pytest.mark.parametrize("slot", [0, 1, 3])
@@ -101,7 +100,7 @@ async def test_many_tasks_share_one_connection(
     make_client: ClientFactory, raw: aioredis.Redis, namespace: str
 ) -> None:
     client = await make_client(client_name=f"{namespace}-link")
-    link = backend_of(client).node.link
+    link = backend_of(client).link
     assert link is not None
     first = await connection_ids(raw, f"{namespace}-link")  # (made by open())
 
@@ -121,7 +120,7 @@ async def test_the_release_is_on_the_wire_before_the_bookkeeping(
     make_client: ClientFactory,
 ) -> None:
     client = await make_client()
-    node = backend_of(client).node
+    node = backend_of(client)
     seen: list[int] = []
 
     class Watch(aiodlock.Observer):

@@ -247,7 +247,7 @@ async def test_renew_is_one_pipeline_for_many_grants(client: aiodlock.Client) ->
         grants.append(grant)
     stolen = grants[7]
     assert await backend.force_release(stolen.name)
-    with writes(backend.node.link) as sent:
+    with writes(backend.link) as sent:
         started = time.monotonic()
         results = await backend.renew(grants, 9.0)
     assert len(sent) == 1
@@ -406,7 +406,7 @@ async def test_tls(redis_factory: Any, tmp_path: Path, raw_factory: RawFactory) 
         first = await connection_ids(raw, "tls-a")  # (made by open())
         lock = a.lock("tls")
         await lock.acquire()
-        link = backend_of(a).node.link
+        link = backend_of(a).link
         assert link is not None  # the pipelined connection, over TLS
         assert len(first) == 1
         assert await connection_ids(raw, "tls-a") == first

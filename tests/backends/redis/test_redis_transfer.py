@@ -97,7 +97,7 @@ async def test_a_same_process_handoff_is_one_round_trip(
     await eventually(lambda: _idle_waiter(client, "one-trip"), what="a local waiter")
     calls = await _script_calls(raw)
     async with Monitor(raw) as monitor:
-        port = port_of(backend.node.link)
+        port = port_of(backend.link)
         await client.lock("one-trip").release()
         lease = await waiting.result()
         await monitor.sync()
@@ -148,18 +148,18 @@ async def test_a_waiter_leaving_while_the_handoff_is_in_flight_releases_it(
     client = await make_client()
     other = await make_client()
     backend = backend_of(client)
-    node = backend.node
+    node = backend
     grant = await _hold(backend, "in-flight", "me:1")
     sent = asyncio.Event()
     go_on = asyncio.Event()
-    original = node.release_transfer
+    original = node.transfer
 
-    async def slow(*args: Any, **kwargs: Any) -> int:
+    async def slow(*args: Any, **kwargs: Any) -> Any:
         sent.set()
         await go_on.wait()
         return await original(*args, **kwargs)
 
-    monkeypatch.setattr(node, "release_transfer", slow)
+    monkeypatch.setattr(node, "transfer", slow)
     request = Request("in-flight", "me:2", 30.0)
     local = _local(client)
     async with Monitor(raw) as monitor:
@@ -184,18 +184,18 @@ async def test_a_waiter_cancelled_right_after_the_handoff_leaves_no_lock(
     client = await make_client()
     other = await make_client()
     backend = backend_of(client)
-    node = backend.node
+    node = backend
     await client.lock("cancelled").acquire()
     waiting = asyncio.create_task(client.lock("cancelled").acquire(timeout=HANG))
     await eventually(lambda: _idle_waiter(client, "cancelled"), what="a local waiter")
-    original = node.release_transfer
+    original = node.transfer
 
-    async def then_cancel(*args: Any, **kwargs: Any) -> int:
+    async def then_cancel(*args: Any, **kwargs: Any) -> Any:
         value = await original(*args, **kwargs)
         waiting.cancel()  # lands before the waiter can take the grant
         return value
 
-    monkeypatch.setattr(node, "release_transfer", then_cancel)
+    monkeypatch.setattr(node, "transfer", then_cancel)
     async with Monitor(raw) as monitor:
         await client.lock("cancelled").release()
         with pytest.raises(asyncio.CancelledError):
@@ -215,18 +215,18 @@ async def test_a_deadline_during_the_handoff_ends_with_one_clear_holder(
     client = await make_client()
     other = await make_client()
     backend = backend_of(client)
-    node = backend.node
+    node = backend
     await client.lock("late").acquire()
     waiting = _Holder(client.lock("late"), 0.5)
     await eventually(lambda: _idle_waiter(client, "late"), what="a local waiter")
-    original = node.release_transfer
+    original = node.transfer
 
-    async def late(*args: Any, **kwargs: Any) -> int:
+    async def late(*args: Any, **kwargs: Any) -> Any:
         value = await original(*args, **kwargs)
         await asyncio.sleep(0.7)  # past the waiter's deadline
         return value
 
-    monkeypatch.setattr(node, "release_transfer", late)
+    monkeypatch.setattr(node, "transfer", late)
     async with Monitor(raw) as monitor:
         await client.lock("late").release()
         lease = await waiting.result()
@@ -292,10 +292,10 @@ async def test_a_failed_transfer_falls_back_to_a_plain_release(
     backend = backend_of(client)
     holder = await client.lock("fallback").acquire()
 
-    async def broken(*args: Any, **kwargs: Any) -> int:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
         raise aiodlock.BackendError("redis: release_transfer failed: injected")
 
-    monkeypatch.setattr(backend.node, "release_transfer", broken)
+    monkeypatch.setattr(backend, "transfer", broken)
     waiting = _Holder(client.lock("fallback"), HANG)
     await eventually(lambda: _idle_waiter(client, "fallback"), what="a local waiter")
     async with Monitor(raw) as monitor:

@@ -37,7 +37,7 @@ async def test_release_wakes_a_waiter_without_polling(
 ) -> None:
     a = await make_client()
     b = await make_client()
-    port_b = port_of(backend_of(b).node.link)
+    port_b = port_of(backend_of(b).link)
     holder = await a.lock("wake").acquire()
     del holder
     async with Monitor(raw) as monitor:
@@ -95,7 +95,7 @@ async def test_a_release_wakes_one_local_waiter_not_all(
 ) -> None:
     a = await make_client()
     b = await make_client()
-    port_b = port_of(backend_of(b).node.link)
+    port_b = port_of(backend_of(b).link)
     await a.lock("herd").acquire()
     gate = asyncio.Event()
 

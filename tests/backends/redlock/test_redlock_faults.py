@@ -122,7 +122,7 @@ async def test_a_waiter_rides_out_a_lost_majority(
     await holder.lock("comeback", ttl=0.8, on_lost="ignore").acquire()
     waiting = asyncio.create_task(waiter.lock("comeback").acquire(timeout=HANG))
     # asleep: a release message or the lease's end wakes it
-    await eventually(lambda: bool(backend_of(waiter).waiting.waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(waiter).board.names()), what="waiter registered")
     for i in (0, 2, 4):
         five[i].kill()
     await asyncio.sleep(1.5)  # the lease ended; the waiter's attempts fail meanwhile
@@ -156,7 +156,7 @@ async def test_a_paused_node_does_not_block_acquisition(
                 return got.token
 
         waiting = asyncio.create_task(take_turn())
-        await eventually(lambda: bool(backend_of(b).waiting.waiters), what="waiter registered")
+        await eventually(lambda: bool(backend_of(b).board.names()), what="waiter registered")
         started = time.monotonic()
         await a.lock("paused").release()
         assert time.monotonic() - started < 3.0  # the release does not wait for op_timeout
@@ -229,7 +229,7 @@ async def test_dead_nodes_do_not_strand_a_waiter(
     b = await make_client(retry_delay=5.0)
     await a.lock("strand").acquire()
     waiting = asyncio.create_task(b.lock("strand").acquire(timeout=HANG))
-    await eventually(lambda: bool(backend_of(b).waiting.waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(b).board.names()), what="waiter registered")
     five[0].kill()
     five[1].kill()
     started = time.monotonic()

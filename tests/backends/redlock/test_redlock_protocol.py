@@ -158,7 +158,7 @@ async def test_waiter_is_woken_by_the_release_message(make_client: ClientFactory
             got.append(time.monotonic())
 
     task = asyncio.create_task(wait_turn())
-    await eventually(lambda: bool(backend_of(waiter).waiting.waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(waiter).board.names()), what="waiter registered")
     await asyncio.sleep(0.1)
     released = time.monotonic()
     await lock.release()
@@ -173,7 +173,7 @@ async def test_lost_release_message_does_not_strand_a_waiter(
     waiter = await make_client(retry_delay=0.3)
     await holder.lock("lost-msg", on_lost="ignore").acquire()
     task = asyncio.create_task(waiter.lock("lost-msg").acquire(timeout=HANG))
-    await eventually(lambda: bool(backend_of(waiter).waiting.waiters), what="waiter registered")
+    await eventually(lambda: bool(backend_of(waiter).board.names()), what="waiter registered")
     keys = LockKeys(namespace, "lost-msg")
     started = time.monotonic()
     for r in raw:  # the lock vanishes without any message (an admin DEL, say)
