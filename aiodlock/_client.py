@@ -34,7 +34,7 @@ from ._lease import Lease
 from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
-from ._types import Busy, Capability, CommonConfig, Grant, LockStatus, Request, monotonic
+from ._types import Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
 from ._wakeup import InFlight
@@ -241,6 +241,7 @@ class Client:
                 await self._server_release(hold)
             await self._releasing.drained(self._config.op_timeout)
             await self._watchdog.stop()
+            self._local.clear()
             for task in list(self._tasks):
                 task.cancel()
             for task in list(self._tasks):
@@ -490,16 +491,11 @@ class Client:
                 # coroutine less per uncontended acquire), the loop only if it was busy.
                 local = self._local
                 will_wait = deadline is None or deadline > started
-                barred = None
-                if local.reservations and not fair and will_wait:
-                    # NOTE: a release of this client woke one of its waiters: do not barge
-                    # past it (the releasing task asking again at once, typically).
-                    barred = local.reservations.bar(name, False)
-                first = (
-                    Busy(barred)
-                    if barred is not None
-                    else await backend.try_acquire(request, will_wait=will_wait)
-                )
+                if local.turns or local.reservations:
+                    # (the client's own tasks first: a woken waiter's reservation, a turn)
+                    first = await local.first(request, will_wait)
+                else:
+                    first = await backend.try_acquire(request, will_wait=will_wait)
                 if isinstance(first, Grant):
                     grant: Grant | None = first
                 else:

@@ -250,10 +250,9 @@ class LocalWaiters:
             return delivered
         turns = self.turns
         if turns:
-            holder = self._holders.get(name)
-            left = 0.0 if holder is None else holder[1] - monotonic()
-            if left > 0 and holder is not None and holder[0] != request.owner:
-                return Busy(left)  # another task of this client holds it: no need to ask
+            held = self._held_here(request)
+            if held is not None:
+                return held
         reservations = self.reservations
         reserved = False
         if reservations and not request.urgent:
@@ -281,18 +280,61 @@ class LocalWaiters:
             if reserved:
                 reservations.end(name)
             if turns:
-                self._asking.discard(name)
-                if isinstance(result, Grant):
-                    self._missed.discard(name)
-                    until = result.expires_at
-                    self._holders[name] = (request.owner, until or float("inf"))
-                elif name in self._missed:
-                    self._missed.discard(name)
-                    self._wake_next(name)
+                self._asked(name, request.owner, result)
         assert result is not None  # (else the attempt raised)
         if isinstance(result, Grant):
             entry.granted = True
         return result
+
+    async def first(self, request: Request, will_wait: bool) -> Grant | Busy:
+        """An owner's first attempt, before it waits: a reservation for a woken waiter, or
+        (local turns) another task of this client holding the name or asking for it, answers
+        Busy here; else the server answers."""
+        name = request.name
+        if self.reservations and not request.fair and will_wait:
+            barred = self.reservations.bar(name, False)
+            if barred is not None:
+                return Busy(barred)  # a release of this client woke one of its waiters
+        if not self.turns:
+            return await self._backend.try_acquire(request, will_wait=will_wait)
+        held = self._held_here(request)
+        if held is not None:
+            return held
+        if name in self._asking and will_wait:
+            self._missed.add(name)
+            return Busy(None)
+        self._asking.add(name)
+        result: Grant | Busy | None = None
+        try:
+            result = await self._backend.try_acquire(request, will_wait=will_wait)
+        finally:
+            self._asked(name, request.owner, result)
+        return result
+
+    def _held_here(self, request: Request) -> Busy | None:
+        """(local turns) Busy while another owner of this client holds the name."""
+        holder = self._holders.get(request.name)
+        if holder is not None and holder[0] != request.owner:
+            left = holder[1] - monotonic()
+            if left > 0:
+                return Busy(left)  # no need to ask the servers
+        return None
+
+    def _asked(self, name: str, owner: str, result: Grant | Busy | None) -> None:
+        """(local turns) An attempt on ``name`` is answered (``None``: it raised)."""
+        self._asking.discard(name)
+        if isinstance(result, Grant):
+            self._missed.discard(name)
+            self._holders[name] = (owner, result.expires_at or float("inf"))
+        elif name in self._missed:
+            self._missed.discard(name)
+            self._wake_next(name)
+
+    def clear(self) -> None:
+        """The client closed: what it knew of its holders and attempts no longer holds."""
+        self._holders.clear()
+        self._asking.clear()
+        self._missed.clear()
 
     async def settle(self, entry: Entry) -> None:
         """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left

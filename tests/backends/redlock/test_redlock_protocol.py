@@ -268,3 +268,28 @@ async def test_force_release_is_a_loss_for_the_holder(
             assert await admin.force_release("victim")
             await asyncio.sleep(HANG)
     await no_keys_left(raw, namespace)
+
+
+async def _script_calls(raw: list[aioredis.Redis]) -> int:
+    """How many scripts the nodes ran (EVAL/EVALSHA of any client)."""
+    calls = 0
+    for r in raw:
+        stats = await r.info("commandstats")
+        calls += sum(
+            int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha")
+        )
+    return calls
+
+
+async def test_a_name_held_by_another_task_of_the_client_is_not_asked_for(
+    client: aiodlock.Client, raw: list[aioredis.Redis]
+) -> None:
+    """Local turns: while a task of this client holds the name, the client's other tasks are
+    answered here, also on their very first attempt: no fan-out to the masters."""
+    async with client.lock("here"):
+        before = await _script_calls(raw)
+        # (other tasks: the holding task itself would re-enter)
+        assert await asyncio.create_task(client.lock("here").try_acquire()) is None
+        with pytest.raises(aiodlock.LockTimeout):
+            await asyncio.create_task(client.lock("here", timeout=0.3).acquire())
+        assert await _script_calls(raw) == before
