@@ -1,27 +1,16 @@
 """The lock-table design shared by the SQL backends (SQLite today, MySQL/MariaDB next).
 
-Two tables (default names)::
+``aiodlock_locks`` holds one row per HELD name under the unique key (namespace, name):
+the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, the expiry
+(server time in microseconds) and a version bumped by every write (optimistic take-over).
+``aiodlock_counters`` holds the last token per name ever locked, never deleted or reset.
 
-    aiodlock_locks     one row per HELD name, unique key (namespace, name)
-        name        binary    the lock name as UTF-8 bytes, compared byte for byte
-        owner       text      the holder's owner string
-        token       integer   the fencing token of this holding
-        expires_at  integer   end of the lease, server time in microseconds
-        version     integer   bumped by every write of the row (optimistic take-over)
-
-    aiodlock_counters  one row per name EVER locked, never deleted or reset:
-                       (namespace, name) -> the last fencing token handed out
-
-Every operation is a *script*: a generator that yields statements (:class:`Fetch` -> the
-rows, :class:`Execute` -> the affected row count) and returns the outcome.  The scripts hold
-the whole algorithm and know no driver, so the same logic runs in a worker thread on stdlib
-``sqlite3`` (:func:`run_script`) or on an async driver (:func:`run_script_async`); a small
-:class:`Dialect` holds what differs between databases.  *Write* scripts (``attempt``,
-``renew``, ``release``, ``abandon``, ``force_release``) run in one write transaction that
-serialises writers of the same rows (SQLite ``BEGIN IMMEDIATE``; InnoDB plus
-``Dialect.for_update``), *read* scripts outside any.  Expiries are in server time
-(``Dialect.now_sql``, or the local wall clock when it is ``None``, as for SQLite, whose
-processes all run on one host).
+Every operation is a *script*: a generator that yields statements (:class:`Fetch` -> rows,
+:class:`Execute` -> affected row count) and returns the outcome, so one algorithm runs on
+stdlib ``sqlite3`` in a worker thread (:func:`run_script`) or on an async driver
+(:func:`run_script_async`); a :class:`Dialect` holds what differs between databases.
+*Write* scripts run in one transaction that serialises writers of the row (SQLite
+``BEGIN IMMEDIATE``; InnoDB with ``Dialect.for_update``), *read* scripts outside any.
 """
 
 from __future__ import annotations
@@ -223,12 +212,8 @@ class LockTable:
     # -- scripts ------------------------------------------------------------------------
 
     def probe(self, name: str, owner: str) -> Script[Busy | None]:
-        """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None``.
-
-        Lets a poller find out without taking the database's write lock (in WAL mode a
-        read never blocks and is never blocked); only a ``None`` is worth an
-        :meth:`attempt`.
-        """
+        """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None`` (a
+        poll that costs no write lock; only ``None`` is worth an :meth:`attempt`)."""
         now = yield from self.now()
         rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
         if rows:
@@ -243,35 +228,29 @@ class LockTable:
         now = yield from self.now()
         expires_at = now + _micros(ttl)
         rows = yield Fetch(self._select_for_update, (ns, key))
-        if not rows:
-            token = yield from self._next_token(key)
-            inserted = yield Execute(self._insert, (ns, key, owner, token, expires_at))
-            if inserted != 1:  # pragma: no cover - only a dialect with INSERT IGNORE
-                return Busy(None)
-            yield from self._sweep_expired(now)
-            return Granted(token)
-        holder, holder_token, holder_expires, version = rows[0]
-        if holder_expires > now:
-            if holder != owner:
-                return Busy((holder_expires - now) / 1e6)
-            changed = yield Execute(
-                self._refresh, (expires_at, ns, key, owner, holder_token, version)
-            )
-            if changed != 1:  # pragma: no cover - the row changed under a weaker isolation
-                return Busy(None)
-            return Granted(int(holder_token), refreshed=True)
-        # Expired (even if it was ours: a new holding after a gap gets a new token).
+        if rows:
+            holder, holder_token, holder_expires, version = rows[0]
+            if holder_expires > now:
+                if holder != owner:
+                    return Busy((holder_expires - now) / 1e6)
+                changed = yield Execute(
+                    self._refresh, (expires_at, ns, key, owner, holder_token, version)
+                )
+                if changed != 1:  # pragma: no cover - the row changed under a weaker isolation
+                    return Busy(None)
+                return Granted(int(holder_token), refreshed=True)
+        # Free, or expired (even if it was ours: a new holding after a gap gets a new token).
         token = yield from self._next_token(key)
-        changed = yield Execute(self._take_over, (owner, token, expires_at, ns, key, version))
-        if changed != 1:  # pragma: no cover - someone else won the optimistic take-over
+        if rows:
+            changed = yield Execute(self._take_over, (owner, token, expires_at, ns, key, version))
+        else:
+            changed = yield Execute(self._insert, (ns, key, owner, token, expires_at))
+        if changed != 1:  # pragma: no cover - another won the take-over (or INSERT IGNORE)
             return Busy(None)
-        yield from self._sweep_expired(now)
-        return Granted(token)
-
-    def _sweep_expired(self, now: int) -> Script[None]:
-        # Rows of holders that died are taken over lazily by the next attempt on the same
-        # name; this keeps the table from filling up with names nobody asks for again.
+        # Rows of dead holders are taken over by the next attempt on their name; this keeps
+        # the table from filling up with names nobody asks for again.
         yield Execute(self._sweep, (now,))
+        return Granted(token)
 
     def renew(self, items: Sequence[tuple[str, str, int]], ttl: float) -> Script[list[bool]]:
         """WRITE: extend every live ``(name, owner, token)`` to now + ``ttl``; True per renewal."""
