@@ -20,10 +20,11 @@ import logging
 import secrets as _secrets
 from collections.abc import Sequence
 from typing import Any, Self
+from urllib.parse import quote
 
-from aiozk import exc, protocol
+from aiozk import ACL, exc, protocol
 
-from ..._errors import BackendError, BackendTimeout
+from ..._errors import BackendError, BackendTimeout, ConfigurationError
 from ..._retry import retrying
 from ..._types import (
     Busy,
@@ -35,18 +36,26 @@ from ..._types import (
     Request,
     monotonic,
 )
-from ..._url import ParsedURL, take_float
+from ..._url import ParsedURL, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
 from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._options import acl_for, describe, parse_url
-from ._paths import basename, escape_segment, order, unescape_segment
+from ._paths import basename, escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
+DEFAULT_PORT = 2181
+ACL_PRESETS: dict[str, list[Any]] = {
+    # world:anyone may do anything (ZooKeeper's OPEN_ACL_UNSAFE; kazoo's and Curator's default)
+    "open": [protocol.UNRESTRICTED_ACCESS],
+    # only the authenticated creator (digest credentials) may do anything
+    "creator": [protocol.AUTHED_UNRESTRICTED],
+    # the creator may do anything, anyone may read (so others can see status())
+    "creator_read": [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE],
+}
 #: How often a create may find its lock node gone (deleted by the container reaper just
 #: after it was made again) before giving up.
 MAX_PARENT_RETRIES = 10
@@ -107,13 +116,26 @@ class ZooKeeperBackend(Backend):
     )
 
     def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
+        if url.scheme not in ("zookeeper", "zk"):
+            raise ConfigurationError(f"not a ZooKeeper URL scheme: {url.scheme!r}")
         self.config = config
-        self._scheme, self.hosts, self.chroot, self.username, password = parse_url(url, options)
+        self._scheme = url.scheme
+        self.hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        self.chroot = parse_chroot(url.path)
+        self.username = take_str(options, "username", url.username)
+        password = take_str(options, "password", url.password, secret=True)
+        if (self.username is None) != (password is None):
+            raise ConfigurationError(
+                "ZooKeeper digest authentication needs both a user name and a password "
+                "(zookeeper://USER:PASSWORD@host/...)"
+            )
+        if self.username is not None and ":" in self.username:
+            raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
         timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
         assert timeout is not None
         self.requested_session_timeout = timeout  # the server may negotiate another one
         #: The ACL of the nodes this client creates: a preset's name, or "custom".
-        self.acl_name, self.acl = acl_for(options.pop("acl", "open"), self.username)
+        self.acl_name, self.acl = _acl(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
         self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
         self._secrets = (password,) if password else ()
@@ -137,7 +159,9 @@ class ZooKeeperBackend(Backend):
         return cls(config, url, options)
 
     def describe(self) -> str:
-        return describe(self._scheme, self.username, self.hosts, self.chroot)
+        auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
+        servers = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        return f"{self._scheme}://{auth}{servers}{quote(self.chroot)}"
 
     @property
     def session_timeout(self) -> float:
@@ -225,11 +249,12 @@ class ZooKeeperBackend(Backend):
         # Kept until the attempt returns: after an exception, abandon() needs it.
         self._attempts[key] = attempt
         try:
-            if _passed(deadline):
-                with self._translate("acquire"):
-                    grant = await self._try_once(attempt)
-            else:
+            if not _passed(deadline):
                 grant = await self._wait_in_line(attempt, deadline)
+            else:  # a try-lock: it looks first, and creates nothing on a taken lock
+                with self._translate("acquire"):
+                    taken = bool(await self._io.queue(attempt.parent))
+                grant = None if taken else await self._queue(attempt, deadline)
         finally:
             self._unwatch(attempt.node)  # abandon() may still need the node
         if self._attempts.get(key) is attempt:
@@ -265,18 +290,6 @@ class ZooKeeperBackend(Backend):
             self._vanished(node.grant)
         else:
             self._arm(node.grant)  # the data changed: set the watch again
-
-    async def _try_once(self, attempt: _Attempt) -> Grant | None:
-        """One attempt that never queues: look first, create only when the lock is free."""
-        if await self._io.queue(attempt.parent):
-            return None
-        queue = order(await self._create(attempt))
-        if queue and attempt.node is not None and queue[0].name == basename(attempt.node.path):
-            grant = self._grant(attempt)
-            if grant is not None:
-                return grant
-        await self._give_up(attempt)
-        return None
 
     async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
@@ -619,3 +632,25 @@ class ZooKeeperBackend(Backend):
 
 def _passed(deadline: float | None) -> bool:
     return deadline is not None and monotonic() >= deadline
+
+
+def _acl(acl: Any, username: str | None) -> tuple[str, list[Any]]:
+    """``(name, ACL list)`` of the nodes a client creates: a preset, or ``"custom"``."""
+    if not isinstance(acl, str):
+        if not isinstance(acl, list | tuple):
+            raise ConfigurationError(
+                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
+            )
+        if not acl or not all(isinstance(item, ACL) for item in acl):
+            raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
+        return "custom", list(acl)
+    if acl not in ACL_PRESETS:
+        raise ConfigurationError(
+            f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
+            f"aiozk.ACL, got {acl!r}"
+        )
+    if acl != "open" and username is None:
+        raise ConfigurationError(
+            f"acl={acl!r} needs digest credentials (zookeeper://USER:PASSWORD@...)"
+        )
+    return acl, list(ACL_PRESETS[acl])
