@@ -339,20 +339,17 @@ class ZooKeeperBackend(Backend):
                     # for ever, behind us it would hold the lock once we leave.
                     await self._io.delete_children(attempt.parent, [c.name for c in strays])
                     continue
-                if index == 0:
-                    grant = self._grant(attempt)
-                    if grant is not None:
-                        return grant
-                    continue
-                if _passed(deadline):
-                    await self._give_up(attempt)
-                    return None
-                predecessor = f"{attempt.parent}/{queue[index - 1].name}"
-                if await self._wait_for(attempt, predecessor, index == 1, deadline):
+                if index > 0:
+                    if _passed(deadline):
+                        await self._give_up(attempt)
+                        return None
+                    predecessor = f"{attempt.parent}/{queue[index - 1].name}"
+                    if not await self._wait_for(attempt, predecessor, index == 1, deadline):
+                        continue
                     # The holder left and nobody can have come in between: no listing.
-                    grant = self._grant(attempt)
-                    if grant is not None:
-                        return grant
+                grant = self._grant(attempt)
+                if grant is not None:
+                    return grant
 
     async def _create(self, attempt: _Attempt) -> list[str]:
         """Create the attempt's node and list the queue, in one round trip; when the lock
@@ -391,8 +388,7 @@ class ZooKeeperBackend(Backend):
         self._set_node(attempt, Node(created.path, session_id, created.stat.created_zxid))
         if isinstance(listed, Exception):
             raise listed
-        children: list[str] = listed.children
-        return children
+        return list(listed.children)
 
     async def _recover(self, attempt: _Attempt) -> None:
         """Protection mode: after a lost create reply, find the node it may have made."""
