@@ -289,7 +289,7 @@ class ZooKeeperBackend(Backend):
         elif node.gone:
             self._vanished(node.grant)
         else:
-            self._arm(node.grant)  # the data changed: set the watch again
+            self._arm(node)  # the data changed: set the watch again
 
     async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
@@ -415,7 +415,8 @@ class ZooKeeperBackend(Backend):
         True when the lock is ours without listing again: the deleted predecessor was the
         holder (first in our listing, or a grant of this backend: the lowest node then,
         nothing below it can come back), and a node created after our listing is behind
-        ours.  A watch on our own node, set in the same round trip, tells if it went.
+        ours.  A watch on our own node, set in the same round trip, tells if it went (its
+        reply is handled before this one's).
         """
         deleted = False
         was_holder = first_in_line
@@ -431,19 +432,11 @@ class ZooKeeperBackend(Backend):
         node = attempt.node
         assert node is not None
         zk.watch(predecessor, on_event)
-        # getData rather than exists: on a node that is already gone it sets no watch.
-        requests = [protocol.GetDataRequest(path=predecessor, watch=True)]
-        arm_own = not node.armed
-        if arm_own:
-            requests.append(protocol.GetDataRequest(path=node.path, watch=True))
+        self._arm(node)
         try:
-            replies = await self._io.call(*requests)
-            if arm_own:
-                if found(replies[1]) is None:
-                    node.gone = True
-                    return False
-                node.armed = not node.gone
-            if found(replies[0]) is None:
+            # getData rather than exists: on a node that is already gone it sets no watch.
+            [reply] = await self._io.call(protocol.GetDataRequest(path=predecessor, watch=True))
+            if found(reply) is None:
                 on_event(EVENT_DELETED)  # gone already
             else:
                 timeout = None if deadline is None else deadline - monotonic()
@@ -471,26 +464,25 @@ class ZooKeeperBackend(Backend):
             # Set OWN_WATCH_DELAY after the grant: most uncontended critical sections are
             # shorter, and cost no request for it.  A node deleted before is noticed by the
             # reply to the watch.
-            node.arm_timer = asyncio.get_running_loop().call_later(
-                OWN_WATCH_DELAY, self._arm, grant
-            )
+            node.arm_timer = asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
         return grant
 
-    def _arm(self, grant: Grant) -> None:
-        """Set the server-side watch on a held node."""
-        node: Node = grant.data
+    def _arm(self, node: Node) -> None:
+        """Set the server-side watch on a node of ours; its reply tells if it is gone."""
         node.arm_timer = None
-        if not self._held(grant) or self.session is None:
-            return
+        if node.armed or node.watch is None or self.session is None:
+            return  # set already, or the node is no longer ours to watch
         fut = self.session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
         if fut is not None:
             # Lost with the connection, the watch is set again on reconnection (the path
             # stays in the session's watch table).
-            fut.add_done_callback(functools.partial(self._arm_reply, grant))
+            node.armed = True
+            fut.add_done_callback(functools.partial(self._arm_reply, node))
 
-    def _arm_reply(self, grant: Grant, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode):
-            self._vanished(grant)
+    @staticmethod
+    def _arm_reply(node: Node, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode) and node.watch:
+            node.watch(EVENT_DELETED)  # gone already: as if the watch had fired
 
     def _vanished(self, grant: Grant) -> None:
         if not self._held(grant):
