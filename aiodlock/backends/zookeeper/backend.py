@@ -82,7 +82,7 @@ class Node:
     czxid: int
     watch: WatchCallback | None = None
     grant: Grant | None = None
-    armed: bool = False  # the server-side watch is set (and has not fired)
+    armed: bool = False  # the server-side watch was sent (and has not fired)
     gone: bool = False  # deleted, by someone or with its session
     arm_timer: asyncio.TimerHandle | None = None
     #: Set when a create of the attempt had a lost reply: the server may still apply it
