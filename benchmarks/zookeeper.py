@@ -183,7 +183,7 @@ async def wakeups(
     on the own node (re-listings); the creates; the packets the server sent.
     """
     import aiodlock
-    from aiodlock.backends.zookeeper._holds import OWN_WATCH_DELAY as OWN_WATCH
+    from aiodlock.backends.zookeeper.backend import OWN_WATCH_DELAY as OWN_WATCH
 
     clients = [aiodlock.connect(url, session_timeout=30) for _ in range(waiters + 1)]
     released = 0

@@ -98,15 +98,10 @@ class Nodes:
         async with asyncio.timeout(self.op_timeout):
             return await self.session.call(*requests)
 
-    async def children(self, parent: str) -> list[str]:
-        """The children of ``parent`` ([] when it does not exist)."""
-        [result] = await self.call(protocol.GetChildrenRequest(path=parent, watch=False))
-        children: list[str] = [] if found(result) is None else result.children
-        return children
-
     async def queue(self, parent: str) -> list[Child]:
-        """The lock ``parent``'s queue, the holder first."""
-        return order(await self.children(parent))
+        """The lock ``parent``'s queue, the holder first ([] when it does not exist)."""
+        [result] = await self.call(protocol.GetChildrenRequest(path=parent, watch=False))
+        return [] if found(result) is None else order(result.children)
 
     async def delete_children(self, parent: str, names: Sequence[str]) -> None:
         """Delete ``parent``'s children ``names`` (one round trip; gone already is fine)."""
@@ -154,9 +149,9 @@ class Nodes:
         async def sweep() -> None:
             with translate(what, self.secrets):
                 if self.session.session_id == session_id:
-                    children = await self.children(parent)
+                    queue = await self.queue(parent)
                     await self.delete_children(
-                        parent, [c for c in children if c.startswith(prefix)]
+                        parent, [c.name for c in queue if c.name.startswith(prefix)]
                     )
 
         await self._now_or_later((parent, prefix), sweep, "clean up a lock attempt")

@@ -73,9 +73,8 @@ class _Connection(Connection):  # type: ignore[misc]
 
     def __init__(self, host: str, port: int, session: Session) -> None:
         super().__init__(host, port, session._dispatch, session.op_timeout)
-        self._next_xid = session._next_xid
+        self.session = session
         self.last_received = self.last_sent = monotonic()
-        self.confirmed_at = 0.0  # send time of the latest request the server answered
         #: xid -> send time, for requests and the (one) ping in flight.
         self._sent: dict[int, float] = {}
 
@@ -92,7 +91,7 @@ class _Connection(Connection):  # type: ignore[misc]
             if self.closing:
                 fut.set_exception(exc.ConnectError(self.host, self.port))
                 continue
-            xid = request.special_xid or self._next_xid()  # a ping's, an auth's, or the next
+            xid = request.special_xid or self.session.next_xid()  # a ping's, an auth's, or the next
             payload = request.serialize(xid)
             chunks.append(len(payload).to_bytes(4, "big") + payload)
             # A createContainer reply is parsed as a create2 one, without adding an entry
@@ -144,7 +143,8 @@ class _Connection(Connection):  # type: ignore[misc]
                     raise exc.ZKError(f"reply to an unknown request (xid {xid})")
                 else:
                     response = protocol.response_xref[opcode].deserialize(body)
-                self.confirmed_at = max(self.confirmed_at, self._sent.pop(xid, 0.0))
+                session = self.session
+                session.confirmed_at = max(session.confirmed_at, self._sent.pop(xid, 0.0))
                 if xid in protocol.SPECIAL_XIDS:
                     waiting = self.pending_specials[xid]
                     fut = waiting.pop(0) if waiting else None
@@ -158,8 +158,6 @@ class _Connection(Connection):  # type: ignore[misc]
                     fut.set_result((zxid, response))
         except ConnectionAbortedError:
             pass  # the server closed the connection
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.debug("zookeeper: reading from %s:%s failed", self.host, self.port, exc_info=True)
         finally:
@@ -210,7 +208,7 @@ class Session:
         self.presumed_dead = False  # presumed expired, until the server confirms it
         self.watches: dict[str, set[WatchCallback]] = {}  # path -> data watch callbacks
         self._xid = 0
-        self._confirmed_at = 0.0
+        self.confirmed_at = 0.0  # send time of the latest request the server answered
         self._state_changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
@@ -228,8 +226,7 @@ class Session:
             return
         self.closing = True
         self._set_expiry_timer(None)
-        conn = self.conn
-        if conn is not None and self.connected:
+        if self.connected:
             # The server answers, then hangs up; either ends the request (kill() fails it).
             await asyncio.wait(self._send(protocol.CloseRequest()), timeout=timeout)
         self._up = False
@@ -238,8 +235,8 @@ class Session:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-        if conn is not None:
-            conn.kill()
+        if self.conn is not None:
+            self.conn.kill()
         self._wake()
 
     @property
@@ -253,7 +250,7 @@ class Session:
     def valid_until(self) -> float:
         """Until when (monotonic) the session certainly lives on the server: the server
         restarted its expiry timer after the send time of the latest request it answered."""
-        return self._confirmed_at + self.timeout
+        return self.confirmed_at + self.timeout
 
     def usable(self, session_id: int) -> bool:
         """Is ``session_id`` the current session, not presumed expired?"""
@@ -369,13 +366,10 @@ class Session:
         self.session_id = response.session_id
         self.password = response.password
         self.timeout = response.timeout / 1000
-        conn.confirmed_at = self._confirmed_at = sent
+        self.confirmed_at = sent
         conn.start_read_loop()
-        for scheme, credentials in self.auth:
-            [auth] = conn.send_batch(
-                [protocol.AuthRequest(type=0, scheme=scheme, auth=credentials)]
-            )
-            await auth
+        auths = [protocol.AuthRequest(type=0, scheme=s, auth=c) for s, c in self.auth]
+        await asyncio.gather(*conn.send_batch(auths))
         resumed = old == self.session_id
         self.conn = conn
         self._set_expiry_timer(None)
@@ -398,7 +392,6 @@ class Session:
         tick = max(0.02, self.timeout / 12)
         try:
             while not (await asyncio.wait({conn.read_loop_task}, timeout=tick))[0]:
-                self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
                 now = monotonic()
                 silent = now - conn.last_received
                 if silent >= self.timeout * 2 / 3:
@@ -413,7 +406,6 @@ class Session:
                 if idle and not conn.pending_specials[protocol.PING_XID]:
                     conn.send_batch([protocol.PingRequest()])
         finally:
-            self._confirmed_at = max(self._confirmed_at, conn.confirmed_at)
             conn.kill()
             if self.conn is conn and self._up:
                 self._up = False
@@ -421,7 +413,7 @@ class Session:
                 if not self.closing:
                     self._set_expiry_timer(self.valid_until - monotonic())
 
-    def _next_xid(self) -> int:
+    def next_xid(self) -> int:
         self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
         return self._xid
 

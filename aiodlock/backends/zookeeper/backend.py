@@ -11,6 +11,8 @@ the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -18,10 +20,11 @@ import logging
 import secrets as _secrets
 from collections.abc import Sequence
 from typing import Any, Self
+from urllib.parse import quote
 
-from aiozk import exc, protocol
+from aiozk import ACL, exc, protocol
 
-from ..._errors import BackendError, BackendTimeout
+from ..._errors import BackendError, BackendTimeout, ConfigurationError
 from ..._retry import retrying
 from ..._types import (
     Busy,
@@ -33,25 +36,58 @@ from ..._types import (
     Request,
     monotonic,
 )
-from ..._url import ParsedURL, take_float
+from ..._url import ParsedURL, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
-from ._holds import Holds, Node
 from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._options import acl_for, describe, parse_url
-from ._paths import basename, escape_segment, order, unescape_segment
+from ._paths import basename, escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
+DEFAULT_PORT = 2181
+ACL_PRESETS: dict[str, list[Any]] = {
+    # world:anyone may do anything (ZooKeeper's OPEN_ACL_UNSAFE; kazoo's and Curator's default)
+    "open": [protocol.UNRESTRICTED_ACCESS],
+    # only the authenticated creator (digest credentials) may do anything
+    "creator": [protocol.AUTHED_UNRESTRICTED],
+    # the creator may do anything, anyone may read (so others can see status())
+    "creator_read": [protocol.AUTHED_UNRESTRICTED, protocol.WORLD_READABLE],
+}
 #: How often a create may find its lock node gone (deleted by the container reaper just
 #: after it was made again) before giving up.
 MAX_PARENT_RETRIES = 10
+#: Seconds after an uncontended grant when the holder's watch on its own node is set.
+OWN_WATCH_DELAY = 0.05
+#: How many ended holder nodes a backend remembers (for handoffs without a listing).
+ENDED_MEMORY = 4096
 _EPHEMERAL_SEQUENTIAL = (
     protocol.CreateRequest.EPHEMERAL_FLAG | protocol.CreateRequest.SEQUENTIAL_FLAG
 )
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Node:
+    """A lock node of this client: an attempt's, then its grant's (``Grant.data``).
+
+    Its watch callback is in the session's table from the create to the end: a deletion
+    (by someone else, or with the session) makes a waiter queue again and a holder lose
+    the lock.
+    """
+
+    path: str
+    session_id: int
+    czxid: int
+    watch: WatchCallback | None = None
+    grant: Grant | None = None
+    armed: bool = False  # the server-side watch was sent (and has not fired)
+    gone: bool = False  # deleted, by someone or with its session
+    arm_timer: asyncio.TimerHandle | None = None
+    #: Set when a create of the attempt had a lost reply: the server may still apply it
+    #: after the lookup (through another member), so the release sweeps the prefix.
+    sweep_prefix: str | None = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -62,13 +98,8 @@ class _Attempt:
     parent: str
     prefix: str  # the node name up to the sequence number: "{owner}#{attempt}#"
     event: Wakeup
-    path: str | None = None
-    czxid: int = 0
-    session_id: int = 0
+    node: Node | None = None
     in_doubt: int | None = None  # the session of a create whose reply is still unknown
-    own_cb: WatchCallback | None = None  # the local callback of the own node's watch
-    own_armed: bool = False  # the server-side watch on the own node is set (not fired)
-    own_gone: bool = False  # the own node was deleted (by someone, or with the session)
     had_doubt: bool = False  # a create had a lost reply (its node may turn up late)
 
 
@@ -85,13 +116,26 @@ class ZooKeeperBackend(Backend):
     )
 
     def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
+        if url.scheme not in ("zookeeper", "zk"):
+            raise ConfigurationError(f"not a ZooKeeper URL scheme: {url.scheme!r}")
         self.config = config
-        self._scheme, self.hosts, self.chroot, self.username, password = parse_url(url, options)
+        self._scheme = url.scheme
+        self.hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        self.chroot = parse_chroot(url.path)
+        self.username = take_str(options, "username", url.username)
+        password = take_str(options, "password", url.password, secret=True)
+        if (self.username is None) != (password is None):
+            raise ConfigurationError(
+                "ZooKeeper digest authentication needs both a user name and a password "
+                "(zookeeper://USER:PASSWORD@host/...)"
+            )
+        if self.username is not None and ":" in self.username:
+            raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
         timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
         assert timeout is not None
         self.requested_session_timeout = timeout  # the server may negotiate another one
         #: The ACL of the nodes this client creates: a preset's name, or "custom".
-        self.acl_name, self.acl = acl_for(options.pop("acl", "open"), self.username)
+        self.acl_name, self.acl = _acl(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
         self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
         self._secrets = (password,) if password else ()
@@ -99,9 +143,15 @@ class ZooKeeperBackend(Backend):
         #: The ZooKeeper session (None while the backend is not open).
         self.session: Session | None = None
         self._nodes: Nodes | None = None
-        self._holds = Holds()
+        self._on_lost: LostCallback | None = None
         #: (name, owner) -> the attempt, until it returns or is abandoned.
         self._attempts: dict[tuple[str, str], _Attempt] = {}
+        #: Node path -> the grant, for every lease held.
+        self._grants: dict[str, Grant] = {}
+        #: Nodes of this backend's grants that ended lately (path -> None, oldest first): a
+        #: waiter right behind one knows, when it is deleted, that the lock is its own (a
+        #: granted node was the lowest: nothing below it can come back), without a listing.
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._closing = False
 
     @classmethod
@@ -109,7 +159,9 @@ class ZooKeeperBackend(Backend):
         return cls(config, url, options)
 
     def describe(self) -> str:
-        return describe(self._scheme, self.username, self.hosts, self.chroot)
+        auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
+        servers = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        return f"{self._scheme}://{auth}{servers}{quote(self.chroot)}"
 
     @property
     def session_timeout(self) -> float:
@@ -137,9 +189,9 @@ class ZooKeeperBackend(Backend):
         return self._nodes
 
     async def open(self, on_lost: LostCallback) -> None:
-        self._holds.on_lost = on_lost
+        self._on_lost = on_lost
         self._closing = False
-        self.session = self._holds.session = session = Session(
+        self.session = session = Session(
             self.hosts,
             self.requested_session_timeout,
             self.config,
@@ -163,9 +215,8 @@ class ZooKeeperBackend(Backend):
         if self._nodes is not None:
             await self._nodes.aclose()
         # A waiter may have been handed the lock while the client was closing.
-        self._holds.lose(self._holds.of_session(), "the client was closed while the lock was held")
+        self._lose(list(self._grants.values()), "the client was closed while the lock was held")
         session, self.session = self.session, None
-        self._holds.session = None
         if session is not None:
             await session.close(self.config.op_timeout)  # the server deletes its nodes at once
         self._wake_attempts()
@@ -178,7 +229,7 @@ class ZooKeeperBackend(Backend):
 
     def _on_session_event(self, session_id: int, lost: str | None) -> None:
         if lost is not None:
-            self._holds.lose(self._holds.of_session(session_id), lost)
+            self._lose([g for g in self._grants.values() if g.data.session_id == session_id], lost)
         elif self._nodes is not None:
             self._nodes.cleanup.kick()  # deletions left to the background: go on now
         self._wake_attempts()
@@ -198,46 +249,47 @@ class ZooKeeperBackend(Backend):
         # Kept until the attempt returns: after an exception, abandon() needs it.
         self._attempts[key] = attempt
         try:
-            if _passed(deadline):
-                with self._translate("acquire"):
-                    grant = await self._try_once(attempt)
-            else:
+            if not _passed(deadline):
                 grant = await self._wait_in_line(attempt, deadline)
+            else:  # a try-lock: it looks first, and creates nothing on a taken lock
+                with self._translate("acquire"):
+                    taken = bool(await self._io.queue(attempt.parent))
+                grant = None if taken else await self._queue(attempt, deadline)
         finally:
-            self._unwatch_own(attempt)
+            self._unwatch(attempt.node)  # abandon() may still need the node
         if self._attempts.get(key) is attempt:
             del self._attempts[key]
         return grant
 
-    def _set_path(self, attempt: _Attempt, path: str | None) -> None:
-        """Point the attempt at another node (or none), dropping the old node's watch."""
-        self._unwatch_own(attempt)
-        attempt.path = path
-        attempt.own_armed = attempt.own_gone = False
+    def _set_node(self, attempt: _Attempt, node: Node | None) -> None:
+        """Point the attempt at another node of its own (or none), and watch it."""
+        self._unwatch(attempt.node)
+        attempt.node = node
+        if node is not None and self.session is not None:
+            node.watch = functools.partial(self._own_event, attempt, node)
+            self.session.watch(node.path, node.watch)
 
-    def _unwatch_own(self, attempt: _Attempt) -> None:
-        if attempt.own_cb is not None and attempt.path is not None and self.session is not None:
-            self.session.unwatch(attempt.path, attempt.own_cb)
-        attempt.own_cb = None
+    def _unwatch(self, node: Node | None) -> None:
+        if node is None:
+            return
+        if node.arm_timer is not None:
+            node.arm_timer.cancel()
+            node.arm_timer = None
+        if node.watch is not None and self.session is not None:
+            self.session.unwatch(node.path, node.watch)
+        node.watch = None
 
-    @staticmethod
-    def _own_event_while_waiting(attempt: _Attempt, event_type: int) -> None:
-        attempt.own_armed = False  # a watch fires once
-        if event_type == EVENT_DELETED:
-            attempt.own_gone = True
-        attempt.event.set()
-
-    async def _try_once(self, attempt: _Attempt) -> Grant | None:
-        """One attempt that never queues: look first, create only when the lock is free."""
-        if await self._io.queue(attempt.parent):
-            return None
-        queue = order(await self._create(attempt))
-        if queue and attempt.path is not None and queue[0].name == basename(attempt.path):
-            grant = self._grant(attempt)
-            if grant is not None:
-                return grant
-        await self._give_up(attempt)
-        return None
+    def _own_event(self, attempt: _Attempt, node: Node, event_type: int) -> None:
+        """The watch on a node of ours fired: its waiter looks again; its holder, if the
+        node was deleted by someone else, has lost the lock."""
+        node.armed = False  # a watch fires once
+        node.gone = node.gone or event_type == EVENT_DELETED
+        if node.grant is None:
+            attempt.event.set()
+        elif node.gone:
+            self._vanished(node.grant)
+        else:
+            self._arm(node)  # the data changed: set the watch again
 
     async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
@@ -270,15 +322,15 @@ class ZooKeeperBackend(Backend):
                 attempt.event = Wakeup()
                 if attempt.in_doubt is not None:
                     await self._recover(attempt)
-                if attempt.path is None:
+                if attempt.node is None:
                     queue = order(await self._create(attempt))
                 else:
                     queue = await self._io.queue(attempt.parent)
-                mine = basename(attempt.path) if attempt.path is not None else None
+                mine = basename(attempt.node.path) if attempt.node is not None else None
                 index = next((i for i, c in enumerate(queue) if c.name == mine), None)
                 if index is None:
                     # Our node is gone: its session ended, or someone deleted it.
-                    self._set_path(attempt, None)
+                    self._set_node(attempt, None)
                     continue
                 strays = [c for c in queue if c.name != mine and c.name.startswith(attempt.prefix)]
                 if strays:
@@ -287,20 +339,17 @@ class ZooKeeperBackend(Backend):
                     # for ever, behind us it would hold the lock once we leave.
                     await self._io.delete_children(attempt.parent, [c.name for c in strays])
                     continue
-                if index == 0:
-                    grant = self._grant(attempt)
-                    if grant is not None:
-                        return grant
-                    continue
-                if _passed(deadline):
-                    await self._give_up(attempt)
-                    return None
-                predecessor = f"{attempt.parent}/{queue[index - 1].name}"
-                if await self._wait_for(attempt, predecessor, index == 1, deadline):
+                if index > 0:
+                    if _passed(deadline):
+                        await self._give_up(attempt)
+                        return None
+                    predecessor = f"{attempt.parent}/{queue[index - 1].name}"
+                    if not await self._wait_for(attempt, predecessor, index == 1, deadline):
+                        continue
                     # The holder left and nobody can have come in between: no listing.
-                    grant = self._grant(attempt)
-                    if grant is not None:
-                        return grant
+                grant = self._grant(attempt)
+                if grant is not None:
+                    return grant
 
     async def _create(self, attempt: _Attempt) -> list[str]:
         """Create the attempt's node and list the queue, in one round trip; when the lock
@@ -336,13 +385,10 @@ class ZooKeeperBackend(Backend):
             )
         if isinstance(created, Exception):
             raise created
-        self._set_path(attempt, created.path)
-        attempt.czxid = created.stat.created_zxid
-        attempt.session_id = session_id
+        self._set_node(attempt, Node(created.path, session_id, created.stat.created_zxid))
         if isinstance(listed, Exception):
             raise listed
-        children: list[str] = listed.children
-        return children
+        return list(listed.children)
 
     async def _recover(self, attempt: _Attempt) -> None:
         """Protection mode: after a lost create reply, find the node it may have made."""
@@ -358,11 +404,8 @@ class ZooKeeperBackend(Backend):
         await self._io.delete_children(attempt.parent, [c.name for c in mine[1:]])
         path = f"{attempt.parent}/{mine[0].name}"
         [stat] = await self._io.call(protocol.ExistsRequest(path=path, watch=False))
-        if found(stat) is None:
-            return
-        self._set_path(attempt, path)
-        attempt.czxid = stat.stat.created_zxid
-        attempt.session_id = session_id
+        if found(stat) is not None:
+            self._set_node(attempt, Node(path, session_id, stat.stat.created_zxid))
 
     async def _wait_for(
         self, attempt: _Attempt, predecessor: str, first_in_line: bool, deadline: float | None
@@ -372,7 +415,8 @@ class ZooKeeperBackend(Backend):
         True when the lock is ours without listing again: the deleted predecessor was the
         holder (first in our listing, or a grant of this backend: the lowest node then,
         nothing below it can come back), and a node created after our listing is behind
-        ours.  A watch on our own node, set in the same round trip, tells if it went.
+        ours.  A watch on our own node, set in the same round trip, tells if it went (its
+        reply is handled before this one's).
         """
         deleted = False
         was_holder = first_in_line
@@ -381,29 +425,18 @@ class ZooKeeperBackend(Backend):
             nonlocal deleted, was_holder
             if event_type == EVENT_DELETED:
                 deleted = True
-                was_holder = was_holder or self._holds.ended(predecessor)
+                was_holder = was_holder or predecessor in self._ended
             attempt.event.set()
 
         zk = self._io.session
-        own = attempt.path
-        assert own is not None
+        node = attempt.node
+        assert node is not None
         zk.watch(predecessor, on_event)
-        # getData rather than exists: on a node that is already gone it sets no watch.
-        requests = [protocol.GetDataRequest(path=predecessor, watch=True)]
-        arm_own = not attempt.own_armed
-        if arm_own:
-            if attempt.own_cb is None:
-                attempt.own_cb = functools.partial(self._own_event_while_waiting, attempt)
-                zk.watch(own, attempt.own_cb)
-            requests.append(protocol.GetDataRequest(path=own, watch=True))
+        self._arm(node)
         try:
-            replies = await self._io.call(*requests)
-            if arm_own:
-                if found(replies[1]) is None:
-                    attempt.own_gone = True
-                    return False
-                attempt.own_armed = not attempt.own_gone
-            if found(replies[0]) is None:
+            # getData rather than exists: on a node that is already gone it sets no watch.
+            [reply] = await self._io.call(protocol.GetDataRequest(path=predecessor, watch=True))
+            if found(reply) is None:
                 on_event(EVENT_DELETED)  # gone already
             else:
                 timeout = None if deadline is None else deadline - monotonic()
@@ -411,23 +444,77 @@ class ZooKeeperBackend(Backend):
                     await attempt.event.wait(timeout)
         finally:
             zk.unwatch(predecessor, on_event)
-        return deleted and was_holder and not attempt.own_gone
+        return deleted and was_holder and not node.gone
 
     def _grant(self, attempt: _Attempt) -> Grant | None:
         """The attempt's node is the lowest: the lock is ours (if its session still is)."""
-        assert attempt.path is not None
-        if not self._io.session.usable(attempt.session_id) or attempt.own_gone:
+        node = attempt.node
+        assert node is not None
+        if not self._io.session.usable(node.session_id) or node.gone:
             # The node died (or may have died) with its session, or was deleted.
-            self._set_path(attempt, None)
+            self._set_node(attempt, None)
             return None
         request = attempt.request
-        node = Node(attempt.path, attempt.session_id)
+        grant = node.grant = Grant(request.name, request.owner, node.czxid, None, node)
         if attempt.had_doubt:
             node.sweep_prefix = attempt.prefix
-        grant = Grant(request.name, request.owner, attempt.czxid, None, node)
-        self._holds.add(grant, armed=attempt.own_armed)
-        self._unwatch_own(attempt)  # the grant's watch callback took over
+        self._grants[node.path] = grant
+        attempt.node = None  # the grant's now, with its watch
+        if not node.armed:
+            # Set OWN_WATCH_DELAY after the grant: most uncontended critical sections are
+            # shorter, and cost no request for it.  A node deleted before is noticed by the
+            # reply to the watch.
+            node.arm_timer = asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
         return grant
+
+    def _arm(self, node: Node) -> None:
+        """Set the server-side watch on a node of ours; its reply tells if it is gone."""
+        node.arm_timer = None
+        if node.armed or node.watch is None or self.session is None:
+            return  # set already, or the node is no longer ours to watch
+        fut = self.session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
+        if fut is not None:
+            # Lost with the connection, the watch is set again on reconnection (the path
+            # stays in the session's watch table).
+            node.armed = True
+            fut.add_done_callback(functools.partial(self._arm_reply, node))
+
+    @staticmethod
+    def _arm_reply(node: Node, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode) and node.watch:
+            node.watch(EVENT_DELETED)  # gone already: as if the watch had fired
+
+    def _vanished(self, grant: Grant) -> None:
+        if not self._held(grant):
+            return  # released, or already reported
+        if self.session is None or grant.data.session_id != self.session.session_id:
+            self._forget(grant)  # its session ended: reported with the session event
+            return
+        self._lose([grant], "the lock node was deleted by someone else (force_release?)")
+
+    def _held(self, grant: Grant) -> bool:
+        """Is ``grant`` still held (not released, lost or forgotten)?"""
+        return self._grants.get(grant.data.path) is grant
+
+    def _forget(self, grant: Grant) -> None:
+        """No longer held: from now on a deletion of its node is no loss."""
+        node: Node = grant.data
+        if self._grants.get(node.path) is grant:
+            del self._grants[node.path]
+            self._ended[node.path] = None
+            if len(self._ended) > ENDED_MEMORY:
+                self._ended.popitem(last=False)
+        self._unwatch(node)
+
+    def _lose(self, grants: Sequence[Grant], reason: str) -> None:
+        """Forget ``grants`` and report them lost to the core."""
+        for grant in grants:
+            self._forget(grant)
+        if grants and self._on_lost is not None:
+            try:
+                self._on_lost(list(grants), reason)
+            except Exception:  # pragma: no cover - the core's callback must not raise
+                log.exception("zookeeper: the lost-lease callback failed")
 
     async def _give_up(self, attempt: _Attempt) -> None:
         """Leave the queue (deadline, or a try-lock that found the lock taken)."""
@@ -436,17 +523,17 @@ class ZooKeeperBackend(Backend):
 
     async def _leave(self, attempt: _Attempt, what: str) -> None:
         """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
-        path = attempt.path
-        self._set_path(attempt, None)
+        node = attempt.node
+        self._set_node(attempt, None)
         doubt, attempt.in_doubt = attempt.in_doubt, None
         if doubt is not None:
             await self._io.sweep(attempt.parent, attempt.prefix, doubt, what)
-        if path is not None:
-            await self._io.remove(path, attempt.session_id, what)
+        if node is not None:
+            await self._io.remove(node.path, node.session_id, what)
 
     async def release(self, grant: Grant) -> bool:
         node: Node = grant.data
-        self._holds.forget(grant)  # from now on a deletion of the node is no loss
+        self._forget(grant)  # from now on a deletion of the node is no loss
         zk = self._io.session
         if zk.session_id != node.session_id:
             return False  # the node ended with its session
@@ -475,7 +562,7 @@ class ZooKeeperBackend(Backend):
             for grant, reply in zip(grants, replies, strict=True):
                 node: Node = grant.data
                 alive = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
-                alive = alive and zk.usable(node.session_id) and self._holds.holds(grant)
+                alive = alive and zk.usable(node.session_id) and self._held(grant)
                 results.append(started + ttl if alive else None)
             return results
 
@@ -533,3 +620,25 @@ class ZooKeeperBackend(Backend):
 
 def _passed(deadline: float | None) -> bool:
     return deadline is not None and monotonic() >= deadline
+
+
+def _acl(acl: Any, username: str | None) -> tuple[str, list[Any]]:
+    """``(name, ACL list)`` of the nodes a client creates: a preset, or ``"custom"``."""
+    if not isinstance(acl, str):
+        if not isinstance(acl, list | tuple):
+            raise ConfigurationError(
+                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
+            )
+        if not acl or not all(isinstance(item, ACL) for item in acl):
+            raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
+        return "custom", list(acl)
+    if acl not in ACL_PRESETS:
+        raise ConfigurationError(
+            f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
+            f"aiozk.ACL, got {acl!r}"
+        )
+    if acl != "open" and username is None:
+        raise ConfigurationError(
+            f"acl={acl!r} needs digest credentials (zookeeper://USER:PASSWORD@...)"
+        )
+    return acl, list(ACL_PRESETS[acl])

@@ -322,7 +322,7 @@ def _count_creates(backend: Any) -> Any:
 
 def _drop_the_first_create(backend: Any) -> Any:
     """The connection dies right after the session's first create is sent (before its
-    reply); afterwards, count the listings sent on their own (a create goes with its own)."""
+    reply); afterwards, count the listings answered on their own (a create goes with its own)."""
     session = backend.session
     real_call = session.call
     dropped = False
@@ -337,9 +337,10 @@ def _drop_the_first_create(backend: Any) -> Any:
             session.conn.kill()  # ...and the connection dies before the reply
             await asyncio.gather(sent, return_exceptions=True)
             raise Disconnected()
+        replies = await real_call(*requests)
         if dropped and [type(r) for r in requests] == [protocol.GetChildrenRequest]:
             lookups += 1
-        return await real_call(*requests)
+        return replies
 
     session.call = call
     return lambda: (dropped, lookups)
@@ -499,7 +500,8 @@ async def test_a_late_node_of_an_attempt_with_a_lost_create_is_swept(
     dropped_and_lookups = _drop_the_first_create(backend)  # the waiter's create reply is lost
     waiter = asyncio.create_task(_take_and_release_later(b, "late"))
     await eventually(lambda: _length_is(a, zk, "late", 2))
-    assert dropped_and_lookups()[0]
+    # the waiter found its node and listed the queue again: it is waiting behind ``a``
+    await eventually(lambda: dropped_and_lookups() == (True, 2))
     parent = backend.lock_path("late")
     mine = next(n for n in await children(zk, parent) if n.startswith(escape_segment(b.id)))
     # the late create, behind the waiter's node, with the attempt's own name prefix
