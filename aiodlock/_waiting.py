@@ -1,13 +1,7 @@
-"""The shared try-then-wait loop and the wake-up sources a waiter sleeps on.
-
-The loop (:func:`acquire_loop`) is the policy; a backend supplies one atomic attempt
-(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the
-retry that precedes each sleep, so a release that happens between a failed attempt and the
-sleep is never missed.
-
-:class:`WakeupBoard` is the per-client table of local waiters by name: a backend that hears
-of a release (a pub/sub message, a same-process release) wakes ONE local waiter, not all.
-"""
+"""Layer 2: the shared try-then-wait loop, the policy; a backend supplies one atomic attempt
+(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the retry
+that precedes each sleep, so a release between a failed attempt and the sleep is never
+missed."""
 
 from __future__ import annotations
 
@@ -48,10 +42,9 @@ async def acquire_loop(
 ) -> Grant | None:
     """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
 
-    ``first``: the answer of a first attempt the caller already made, which it started at
-    ``first_sent`` (monotonic; None if unknown).  ``local``: the client's own waiters; a
-    non-fair waiter joins them while it waits, so a release by another task of the client
-    can hand the lock to it (see ``_local``).
+    ``first``: the answer of a first attempt the caller made at ``first_sent`` (monotonic;
+    None if unknown).  A non-fair waiter joins the client's ``local`` waiters while it waits,
+    so that a release by another task of the client can hand the lock to it.
     """
     if first is None:
         first_sent = monotonic()
@@ -99,14 +92,12 @@ async def acquire_loop(
                         if not exc.transient:
                             raise
                         # NOTE: a waiter should outlive a failover: trying again is safe
-                        # because an attempt is idempotent for its owner (a grant whose answer
-                        # was lost is granted again), and if the loop gives up, the caller
-                        # abandons what the attempts left.  It gives up when the failures have
-                        # lasted as long as the lease it asks for (every lease held through the
-                        # outage is lost by then: no blip) or at its deadline.
+                        # because an attempt is idempotent for its owner, and if the loop gives
+                        # up, the caller abandons what the attempts left.  It gives up (raises
+                        # exc) at its deadline or when the failures have lasted as long as the
+                        # lease it asks for (every lease held through the outage is lost then).
                         if outage is None:
                             outage = Pauses(request.ttl)
-                        # (raises exc when the outage outlasts the deadline or the lease)
                         pause = outage.pause(exc, deadline)
                         log.debug(
                             "aiodlock: waiting for %r: %s; trying again in %.3f s",
@@ -157,7 +148,6 @@ async def acquire_loop(
 
 
 async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
-    """The waiter leaves the client's local waiters, giving back what a hand-off left it."""
     assert local is not None
     local.leave(entry)
     if entry.needs_settling():
@@ -168,12 +158,11 @@ async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
 async def _enter_waiter(
     context: AbstractAsyncContextManager[Waiter], deadline: float | None
 ) -> Waiter | None:
-    """Enter the waiter ``context``, at most until ``deadline``.
+    """Enter the waiter ``context``, at most until ``deadline`` (None: it passed first).
 
-    Setting a waiter up can take a round trip or more (a subscription confirmed by the
-    server, a watch); it must not stretch ``timeout=X`` beyond X.  None: the deadline
-    passed first (what the set-up had done is undone by its own clean-up: a context
-    manager whose ``__aenter__`` fails is not entered).
+    Setting a waiter up can take a round trip or more (a subscription, a watch): it must not
+    stretch ``timeout=X`` beyond X.  A context manager whose ``__aenter__`` fails undoes what
+    it had done itself.
     """
     if deadline is None:
         return await context.__aenter__()
@@ -189,12 +178,9 @@ async def _enter_waiter(
 
 
 def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
-    """``first`` (what remains of it) when it needs no second ask, else None.
-
-    A waiter that says it has been listening since before the first attempt was sent
-    (``listening_since``) has been woken by any release since that attempt: asking again
-    before the first sleep would learn nothing (a wake-up already there ends that sleep at
-    once).  Unless the holder's lease has run out meanwhile.
+    """``first`` (what remains of it) when it needs no second ask, else None: a waiter
+    listening since before the first attempt was sent has been woken by any release since
+    (that wake-up ends the first sleep at once), unless the holder's lease ran out meanwhile.
     """
     since: float | None = getattr(waiter, "listening_since", None)
     if sent is None or since is None or since > sent:

@@ -31,6 +31,7 @@ Invariants a backend must keep:
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Self
@@ -96,9 +97,9 @@ class Backend(abc.ABC):
 
         The default polls with capped exponential backoff and jitter.
         """
-        from .._wakeup import BackoffWaiter
+        from .._wakeup import Backoff, BoardWaiter, Slot
 
-        return BackoffWaiter.context()
+        return contextlib.nullcontext(BoardWaiter(Slot(), Backoff()))
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
         """Acquire, waiting until ``deadline`` (monotonic; ``None`` = forever).
