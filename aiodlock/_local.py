@@ -1,20 +1,17 @@
-"""Layer 2: a client's own waiters, and the hand-off of a lock between them.
+"""Layer 2: a client's own waiters, and the hand-off of a lock between them (never between
+clients without the server, never to a fair request: its order is the server's).
 
 When a task releases a name that another task of the SAME client waits for, the core
 decides what happens; a backend only says what its protocol does better:
 
-* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to a chosen
-  local waiter in one round trip; the core picks the receiver (the oldest not busy with an
-  attempt of its own), delivers the grant, and settles what a hand-off left when the
-  receiver leaves meanwhile;
+* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to the
+  receiver the core picks (the oldest waiter not busy with an attempt of its own) in one
+  round trip; the core delivers the grant and settles it if the receiver leaves meanwhile;
 * **reservation**: after a release that will wake a local waiter, the next attempt on the
   name is that waiter's for a short window (see :class:`~._wakeup.Reservations`);
 * **local turns** (:attr:`Capability.LOCAL_TURNS`, a quorum protocol): one attempt per name
   at a time, an attempt answered locally while another owner of the client holds the name,
   and a release wakes the next local waiter itself (not one pausing after a split vote).
-
-NOTE: a lock never passes between clients without the server, and a fair request never
-takes part (its order is the server's).
 """
 
 from __future__ import annotations
@@ -77,10 +74,9 @@ class LocalWaiters:
         self.turns = bool(backend.capabilities & Capability.LOCAL_TURNS)
         #: (local turns) name -> (owner, until): held by that owner of this client
         self._holders: dict[str, tuple[str, float]] = {}
-        #: (local turns) names with an attempt on its way, and those where another waiter
-        #: was told to wait for it (to be woken if it fails)
-        self._asking: set[str] = set()
-        self._missed: set[str] = set()
+        #: (local turns) names with an attempt on its way -> whether another waiter was told
+        #: to wait for it (to be woken if it fails)
+        self._asking: dict[str, bool] = {}
         #: How long a leaving waiter waits for a hand-off's answer (it is bounded anyway).
         self._patience = patience
 
@@ -135,10 +131,9 @@ class LocalWaiters:
 
     async def _released(self, name: str, pending: Awaitable[bool]) -> bool:
         """A plain release's answer; reserves the next attempt for the local waiter that the
-        server's announcement will wake."""
+        server's announcement will wake, if it reaches one here (its subscription confirmed:
+        a reservation for a waiter never woken would stall every local task)."""
         released = await pending
-        # (only if that announcement reaches a waiter here, its subscription confirmed: a
-        # reservation for a waiter never woken would stall every local task)
         entries = self._names.get(name, {})
         if released and any(e.waiter.listening() for e in entries.values()):
             self.reservations.reserve(name)
@@ -183,11 +178,10 @@ class LocalWaiters:
             if isinstance(exc, BackendError):
                 return await self._released(grant.name, self._backend.release(grant))
             raise
-        if isinstance(result, Grant):
-            entry.delivered = result
         entry.transfer = None
         done.set()
         if isinstance(result, Grant):
+            entry.delivered = result
             entry.waiter.wake()
             return True
         # NOTE: released without a hand-over, the protocol gave the turn to someone else (the
@@ -244,9 +238,9 @@ class LocalWaiters:
             if name in self._asking and will_wait:
                 # Two local owners cannot both win: they would only split the vote.  The
                 # attempt on its way wakes a waiter if it fails.
-                self._missed.add(name)
+                self._asking[name] = True
                 return Busy(None)
-            self._asking.add(name)
+            self._asking.setdefault(name, False)
         if entry is not None:
             entry.woken = False
             entry.attempting = True
@@ -264,19 +258,16 @@ class LocalWaiters:
 
     def _asked(self, name: str, owner: str, result: Grant | Busy | None) -> None:
         """(local turns) An attempt on ``name`` is answered (``None``: it raised)."""
-        self._asking.discard(name)
+        missed = self._asking.pop(name, False)
         if isinstance(result, Grant):
-            self._missed.discard(name)
             self._holders[name] = (owner, result.expires_at or float("inf"))
-        elif name in self._missed:
-            self._missed.discard(name)
+        elif missed:
             self._wake_next(name)
 
     def clear(self) -> None:
         """The client closed: what it knew of its holders and attempts no longer holds."""
         self._holders.clear()
         self._asking.clear()
-        self._missed.clear()
 
     async def settle(self, entry: Entry) -> None:
         """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left
@@ -286,8 +277,7 @@ class LocalWaiters:
         if transfer is not None:
             # (the releaser's round trip is bounded by op_timeout)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._patience):
-                    await transfer.wait()
+                await asyncio.wait_for(transfer.wait(), self._patience)
         delivered, entry.delivered = entry.delivered, None
         try:
             if delivered is not None:
@@ -298,9 +288,6 @@ class LocalWaiters:
                 # A hand-off failed half-way and may have granted: compare-and-delete.
                 await self._backend.abandon(entry.request)
         except Exception:
-            log.warning(
-                "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
-                "server lets it expire with its lease",
-                entry.request.name,
-                exc_info=True,
-            )
+            msg = "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
+            msg += "server lets it expire with its lease"
+            log.warning(msg, entry.request.name, exc_info=True)

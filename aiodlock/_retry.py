@@ -127,7 +127,6 @@ class Guaranteed:
         self.what = what
         self._wait_ready = wait_ready
         self._retry_if = retry_if or _transient
-        #: ``(first, cap)`` of the pauses after failures (see :class:`Pauses`).
         self._first, self._cap = pauses
         self._pending: dict[Hashable, Callable[[], Awaitable[object]]] = {}
         self._task: asyncio.Task[None] | None = None

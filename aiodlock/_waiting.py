@@ -36,34 +36,21 @@ async def acquire_loop(
     backend: Backend,
     request: Request,
     deadline: float | None,
-    first: Busy | None = None,
-    first_sent: float | None = None,
+    first: Busy,
+    first_sent: float,
     local: LocalWaiters | None = None,
 ) -> Grant | None:
-    """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
-
-    ``first``: the answer of a first attempt the caller made at ``first_sent`` (monotonic;
-    None if unknown).  A non-fair waiter joins the client's ``local`` waiters while it waits,
-    so that a release by another task of the client can hand the lock to it.
-    """
-    if first is None:
-        first_sent = monotonic()
-        result = await backend.try_acquire(
-            request, will_wait=deadline is None or deadline > monotonic()
-        )
-        if isinstance(result, Grant):
-            return result
-        first = result
+    """After a ``first`` attempt sent at ``first_sent`` (monotonic) was busy, sleep on the
+    backend's waiter and try again until granted or ``deadline``.  A non-fair waiter joins
+    the client's ``local`` waiters while it waits, so that a release by another task of the
+    client can hand the lock to it."""
     if deadline is not None and monotonic() >= deadline:
         if request.fair:
             await backend.abandon(request)
         return None
-    # (from when this owner has waited: the attempt the caller made, or now)
-    urgent_at = (
-        math.inf
-        if request.fair or not backend.capabilities & Capability.URGENT
-        else (monotonic() if first_sent is None else first_sent) + URGENT_AFTER
-    )
+    urgent_at = first_sent + URGENT_AFTER
+    if request.fair or not backend.capabilities & Capability.URGENT:
+        urgent_at = math.inf
     granted: Grant | None = None
     try:
         context = backend.waiter(request)
@@ -99,12 +86,8 @@ async def acquire_loop(
                         if outage is None:
                             outage = Pauses(request.ttl)
                         pause = outage.pause(exc, deadline)
-                        log.debug(
-                            "aiodlock: waiting for %r: %s; trying again in %.3f s",
-                            request.name,
-                            exc,
-                            pause,
-                        )
+                        msg = "aiodlock: waiting for %r: %s; trying again in %.3f s"
+                        log.debug(msg, request.name, exc, pause)
                         await waiter.wait(pause)
                         continue
                     outage = None
@@ -164,10 +147,9 @@ async def _enter_waiter(
     stretch ``timeout=X`` beyond X.  A context manager whose ``__aenter__`` fails undoes what
     it had done itself.
     """
-    if deadline is None:
-        return await context.__aenter__()
     loop = asyncio.get_running_loop()
-    bound = asyncio.timeout_at(loop.time() + max(0.0, deadline - monotonic()))
+    when = None if deadline is None else loop.time() + max(0.0, deadline - monotonic())
+    bound = asyncio.timeout_at(when)
     try:
         async with bound:
             return await context.__aenter__()
@@ -177,13 +159,12 @@ async def _enter_waiter(
         raise  # a timeout of the backend's own (BackendTimeout)
 
 
-def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
+def _still_busy(waiter: Waiter, first: Busy, sent: float) -> Busy | None:
     """``first`` (what remains of it) when it needs no second ask, else None: a waiter
     listening since before the first attempt was sent has been woken by any release since
-    (that wake-up ends the first sleep at once), unless the holder's lease ran out meanwhile.
-    """
+    (that wake-up ends the first sleep at once), unless the holder's lease ran out since."""
     since: float | None = getattr(waiter, "listening_since", None)
-    if sent is None or since is None or since > sent:
+    if since is None or since > sent:
         return None
     if first.retry_after is None:
         return first

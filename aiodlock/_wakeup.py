@@ -63,11 +63,9 @@ class Wakeup:
         return self._set
 
     def set(self) -> None:
-        if not self._set:
-            self._set = True
-            future = self._future
-            if future is not None and not future.done():
-                future.set_result(None)
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
 
     async def wait(self, timeout: float | None = None) -> None:
         if self._set:
@@ -120,14 +118,13 @@ class WakeupBoard:
         return slot
 
     def remove(self, slot: Slot) -> None:
-        name = slot.name
-        slots = self._slots.get(name)
+        slots = self._slots.get(slot.name)
         if slots is not None:
             slots.pop(slot, None)
             if not slots:
-                del self._slots[name]
+                del self._slots[slot.name]
         if slot.event.is_set():
-            self.wake_one(name)
+            self.wake_one(slot.name)
 
     def wake_one(self, name: str) -> bool:
         """Wake the oldest waiter of ``name`` with no wake-up on its way; True: one is."""
@@ -168,19 +165,17 @@ class InFlight:
         self._items.add(item)
 
     def discard(self, item: object) -> None:
-        items = self._items
-        items.discard(item)
-        if not items and self._idle is not None:
+        self._items.discard(item)
+        if not self._items and self._idle is not None:
             self._idle.set()
 
     async def drained(self, timeout: float) -> None:
         """Return once nothing is under way, or after ``timeout`` seconds."""
-        if not self._items:
-            return
-        self._idle = asyncio.Event()
-        with anyio.move_on_after(timeout):
-            await self._idle.wait()
-        self._idle = None
+        if self._items:
+            self._idle = asyncio.Event()
+            with anyio.move_on_after(timeout):
+                await self._idle.wait()
+            self._idle = None
 
 
 class Reservations:
