@@ -84,27 +84,21 @@ def translating(
     secrets: tuple[str, ...] = (),
     transient: tuple[type[BaseException], ...] = (),
 ) -> Iterator[None]:
-    """Map a driver's exceptions onto :class:`BackendError` / :class:`BackendTimeout`.
-
-    ``timeouts`` are checked first (they are often subclasses of the driver's base error),
-    then ``transient`` (failures that time can cure: the error is marked
-    :attr:`BackendError.transient`; so is every builtin :class:`ConnectionError`).  The
-    original exception stays reachable as ``__cause__``.  Messages name the backend and the
-    operation but never include a URL (which could carry a password).
-    """
+    """Map a driver's exceptions onto :class:`BackendError` / :class:`BackendTimeout` (the
+    original as ``__cause__``), with messages that name the backend and the operation but
+    never a URL (which could carry a password).  ``timeouts`` are checked first (they are
+    often subclasses of the driver's base error), then ``transient`` (failures that time can
+    cure, as is every builtin :class:`ConnectionError`)."""
+    timeouts, errors = (TimeoutError, *timeouts), (*errors, OSError)
     try:
         yield
     except LockError:
         raise
-    except TimeoutError as exc:
-        raise BackendTimeout(f"{backend}: {what} timed out") from exc
     except timeouts as exc:
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
     except transient as exc:
         raise _failed(backend, what, exc, secrets, transient=True) from exc
     except errors as exc:
-        raise _failed(backend, what, exc, secrets) from exc
-    except OSError as exc:
         raise _failed(backend, what, exc, secrets) from exc
 
 

@@ -1,26 +1,24 @@
-"""Layer 2: a client's own waiters, and the hand-off of a lock between them.
+"""Layer 2: a client's own waiters, and the hand-off of a lock between them (never between
+clients without the server, never to a fair request: its order is the server's).
 
 When a task releases a name that another task of the SAME client waits for, the core
 decides what happens; a backend only says what its protocol does better:
 
-* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to a chosen
-  local waiter in one round trip; the core picks the receiver (the oldest not busy with an
-  attempt of its own), delivers the grant, and settles what a hand-off left when the
-  receiver leaves meanwhile;
+* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to the
+  receiver the core picks (the oldest waiter not busy with an attempt of its own) in one
+  round trip; the core delivers the grant and settles it if the receiver leaves meanwhile;
 * **reservation**: after a release that will wake a local waiter, the next attempt on the
   name is that waiter's for a short window (see :class:`~._wakeup.Reservations`);
 * **local turns** (:attr:`Capability.LOCAL_TURNS`, a quorum protocol): one attempt per name
   at a time, an attempt answered locally while another owner of the client holds the name,
   and a release wakes the next local waiter itself (not one pausing after a split vote).
-
-NOTE: a lock never passes between clients without the server, and a fair request never
-takes part (its order is the server's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
@@ -37,38 +35,24 @@ __all__ = ["Entry", "LocalWaiters"]
 log = logging.getLogger("aiodlock")
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Entry:
     """One waiting owner of this client (non-fair), while it is inside the wait."""
 
-    __slots__ = (
-        "attempting",
-        "closing",
-        "delivered",
-        "granted",
-        "not_before",
-        "request",
-        "transfer",
-        "uncertain",
-        "waiter",
-        "woken",
-    )
-
-    def __init__(self, request: Request, waiter: Waiter) -> None:
-        self.request = request
-        self.waiter = waiter
-        #: Set when the answer of a hand-off to this owner (under way) is in.
-        self.transfer: asyncio.Event | None = None
-        #: The grant a hand-off delivered, until the owner's next attempt takes it.
-        self.delivered: Grant | None = None
-        #: A hand-off to this owner failed half-way: the server may have granted it.
-        self.uncertain = False
-        self.attempting = False
-        self.granted = False
-        self.closing = False
-        #: A wake-up ended the owner's last sleep and its attempt is not made yet.
-        self.woken = False
-        #: No attempt before then (monotonic): the pause after a split vote.
-        self.not_before = 0.0
+    request: Request
+    waiter: Waiter
+    #: Set when the answer of a hand-off to this owner (under way) is in.
+    transfer: asyncio.Event | None = None
+    #: The grant a hand-off delivered, until the owner's next attempt takes it.
+    delivered: Grant | None = None
+    #: A hand-off to this owner failed half-way: the server may have granted it.
+    uncertain: bool = False
+    attempting: bool = False
+    granted: bool = False
+    #: A wake-up ended the owner's last sleep and its attempt is not made yet.
+    woken: bool = False
+    #: No attempt before then (monotonic): the pause after a split vote.
+    not_before: float = 0.0
 
     def needs_settling(self) -> bool:
         """Did a hand-off leave something that the leaving owner must give back?"""
@@ -82,18 +66,6 @@ class Entry:
 class LocalWaiters:
     """The non-fair waiters of one client, by name then owner (oldest first)."""
 
-    __slots__ = (
-        "_asking",
-        "_backend",
-        "_holders",
-        "_missed",
-        "_names",
-        "_patience",
-        "reservations",
-        "transfers",
-        "turns",
-    )
-
     def __init__(self, backend: Backend, *, window: float, patience: float) -> None:
         self._backend = backend
         self._names: dict[str, dict[str, Entry]] = {}
@@ -102,10 +74,9 @@ class LocalWaiters:
         self.turns = bool(backend.capabilities & Capability.LOCAL_TURNS)
         #: (local turns) name -> (owner, until): held by that owner of this client
         self._holders: dict[str, tuple[str, float]] = {}
-        #: (local turns) names with an attempt on its way, and those where another waiter
-        #: was told to wait for it (to be woken if it fails)
-        self._asking: set[str] = set()
-        self._missed: set[str] = set()
+        #: (local turns) names with an attempt on its way -> whether another waiter was told
+        #: to wait for it (to be woken if it fails)
+        self._asking: dict[str, bool] = {}
         #: How long a leaving waiter waits for a hand-off's answer (it is bounded anyway).
         self._patience = patience
 
@@ -114,8 +85,7 @@ class LocalWaiters:
 
     def waiting(self, name: str) -> int:
         """How many owners of this client wait for ``name``."""
-        entries = self._names.get(name)
-        return len(entries) if entries else 0
+        return len(self._names.get(name, ()))
 
     def join(self, request: Request, waiter: Waiter) -> Entry:
         entry = Entry(request, waiter)
@@ -123,7 +93,6 @@ class LocalWaiters:
         return entry
 
     def leave(self, entry: Entry) -> None:
-        entry.closing = True
         name = entry.request.name
         entries = self._names.get(name)
         if entries is not None and entries.get(entry.request.owner) is entry:
@@ -133,27 +102,17 @@ class LocalWaiters:
 
     def receiver(self, name: str, releaser: str) -> Entry | None:
         """The oldest waiter of ``name`` that may receive a hand-off (or a turn) now."""
-        entries = self._names.get(name)
-        if not entries:
-            return None
         now = monotonic()
-        for owner, entry in entries.items():
+        for owner, entry in self._names.get(name, {}).items():
             if (
                 owner != releaser
                 and entry.transfer is None
                 and entry.delivered is None
                 and not entry.attempting
-                and not entry.closing
                 and entry.not_before <= now
             ):
                 return entry
         return None
-
-    def hears_release(self, name: str) -> bool:
-        """Will the server's announcement of a release reach a waiter here (its subscription
-        confirmed: a reservation for a waiter never woken would stall every local task)?"""
-        entries = self._names.get(name)
-        return entries is not None and any(e.waiter.listening() for e in entries.values())
 
     # -- releasing: hand over, or release and reserve ------------------------------------------
 
@@ -172,9 +131,11 @@ class LocalWaiters:
 
     async def _released(self, name: str, pending: Awaitable[bool]) -> bool:
         """A plain release's answer; reserves the next attempt for the local waiter that the
-        server's announcement will wake."""
+        server's announcement will wake, if it reaches one here (its subscription confirmed:
+        a reservation for a waiter never woken would stall every local task)."""
         released = await pending
-        if released and self.hears_release(name):
+        entries = self._names.get(name, {})
+        if released and any(e.waiter.listening() for e in entries.values()):
             self.reservations.reserve(name)
         return released
 
@@ -197,10 +158,9 @@ class LocalWaiters:
 
     def _wake_next(self, name: str, releaser: str = "") -> bool:
         entry = self.receiver(name, releaser)
-        if entry is None:
-            return False
-        entry.waiter.wake()
-        return True
+        if entry is not None:
+            entry.waiter.wake()
+        return entry is not None
 
     async def _transfer(self, grant: Grant, entry: Entry) -> bool:
         """Release ``grant`` handing the name to ``entry`` in one round trip."""
@@ -218,11 +178,10 @@ class LocalWaiters:
             if isinstance(exc, BackendError):
                 return await self._released(grant.name, self._backend.release(grant))
             raise
-        if isinstance(result, Grant):
-            entry.delivered = result
         entry.transfer = None
         done.set()
         if isinstance(result, Grant):
+            entry.delivered = result
             entry.waiter.wake()
             return True
         # NOTE: released without a hand-over, the protocol gave the turn to someone else (the
@@ -234,10 +193,7 @@ class LocalWaiters:
 
     async def attempt(self, entry: Entry) -> Grant | Busy:
         """One attempt of a waiting owner: a grant a hand-off delivered (no round trip),
-        Busy while the next attempt is another's (a reservation, a local turn), else the
-        server's answer."""
-        request = entry.request
-        name = request.name
+        else as :meth:`first`."""
         if entry.transfer is not None:
             # A hand-off to this owner is under way: its answer decides (asking the server
             # meanwhile could take the same grant twice).
@@ -248,93 +204,70 @@ class LocalWaiters:
             entry.woken = False
             entry.granted = True
             return delivered
-        turns = self.turns
-        if turns:
-            held = self._held_here(request)
-            if held is not None:
-                return held
-        reservations = self.reservations
-        reserved = False
-        if reservations and not request.urgent:
-            # (an urgent request goes in line on the server, which keeps the order)
-            barred = reservations.bar(name, entry.woken)
-            if barred is not None:
-                return Busy(barred)  # a release of this client woke another waiter
-            reserved = entry.woken and name in reservations
-        if turns:
-            if name in self._asking:
-                # Two local owners cannot both win: they would only split the vote.  The
-                # attempt on its way wakes a waiter if it fails.
-                self._missed.add(name)
-                return Busy(None)
-            self._asking.add(name)
-        entry.woken = False
-        # NOTE: no await since the check of entry.delivered: a release either handed over
-        # before (taken above) or sees this flag and picks another receiver.
-        entry.attempting = True
-        result: Grant | Busy | None = None
-        try:
-            result = await self._backend.try_acquire(request, will_wait=True)
-        finally:
-            entry.attempting = False
-            if reserved:
-                reservations.end(name)
-            if turns:
-                self._asked(name, request.owner, result)
-        assert result is not None  # (else the attempt raised)
+        # NOTE: no await from the check of entry.delivered to entry.attempting: a release
+        # either handed over before (taken above) or sees that flag and picks another receiver.
+        result = await self.first(entry.request, True, entry)
         if isinstance(result, Grant):
             entry.granted = True
         return result
 
-    async def first(self, request: Request, will_wait: bool) -> Grant | Busy:
-        """An owner's first attempt, before it waits: a reservation for a woken waiter, or
-        (local turns) another task of this client holding the name or asking for it, answers
-        Busy here; else the server answers."""
+    async def first(
+        self, request: Request, will_wait: bool, entry: Entry | None = None
+    ) -> Grant | Busy:
+        """An owner's attempt (``entry``: one of the waiters here): Busy while the next attempt
+        is another's (a reservation for a woken waiter, or with local turns another task of
+        this client holding the name or asking for it), else the server's answer."""
         name = request.name
-        if self.reservations and not request.fair and will_wait:
-            barred = self.reservations.bar(name, False)
+        turns = self.turns
+        if turns:
+            holder = self._holders.get(name)
+            if holder is not None and holder[0] != request.owner:
+                left = holder[1] - monotonic()
+                if left > 0:
+                    return Busy(left)  # another owner of this client holds it: no round trip
+        woken = entry is not None and entry.woken
+        reservations = self.reservations
+        reserved = False
+        if reservations and will_wait and not (request.fair or request.urgent):
+            # (a fair or urgent request goes in line on the server, which keeps the order)
+            barred = reservations.bar(name, woken)
             if barred is not None:
-                return Busy(barred)  # a release of this client woke one of its waiters
-        if not self.turns:
-            return await self._backend.try_acquire(request, will_wait=will_wait)
-        held = self._held_here(request)
-        if held is not None:
-            return held
-        if name in self._asking and will_wait:
-            self._missed.add(name)
-            return Busy(None)
-        self._asking.add(name)
+                return Busy(barred)  # a release of this client woke another waiter
+            reserved = woken and name in reservations
+        if turns:
+            if name in self._asking and will_wait:
+                # Two local owners cannot both win: they would only split the vote.  The
+                # attempt on its way wakes a waiter if it fails.
+                self._asking[name] = True
+                return Busy(None)
+            self._asking.setdefault(name, False)
+        if entry is not None:
+            entry.woken = False
+            entry.attempting = True
         result: Grant | Busy | None = None
         try:
             result = await self._backend.try_acquire(request, will_wait=will_wait)
         finally:
-            self._asked(name, request.owner, result)
+            if entry is not None:
+                entry.attempting = False
+            if reserved:
+                reservations.end(name)
+            if turns:
+                self._asked(name, request.owner, result)
         return result
-
-    def _held_here(self, request: Request) -> Busy | None:
-        """(local turns) Busy while another owner of this client holds the name."""
-        holder = self._holders.get(request.name)
-        if holder is not None and holder[0] != request.owner:
-            left = holder[1] - monotonic()
-            if left > 0:
-                return Busy(left)  # no need to ask the servers
-        return None
 
     def _asked(self, name: str, owner: str, result: Grant | Busy | None) -> None:
         """(local turns) An attempt on ``name`` is answered (``None``: it raised)."""
-        self._asking.discard(name)
+        missed = self._asking.pop(name, False)
         if isinstance(result, Grant):
-            self._missed.discard(name)
             self._holders[name] = (owner, result.expires_at or float("inf"))
-        elif name in self._missed:
-            self._missed.discard(name)
+        elif missed:
             self._wake_next(name)
 
     def clear(self) -> None:
         """The client closed: what it knew of its holders and attempts no longer holds."""
         self._holders.clear()
         self._asking.clear()
-        self._missed.clear()
 
     async def settle(self, entry: Entry) -> None:
         """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left
@@ -344,8 +277,7 @@ class LocalWaiters:
         if transfer is not None:
             # (the releaser's round trip is bounded by op_timeout)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._patience):
-                    await transfer.wait()
+                await asyncio.wait_for(transfer.wait(), self._patience)
         delivered, entry.delivered = entry.delivered, None
         try:
             if delivered is not None:
@@ -356,9 +288,6 @@ class LocalWaiters:
                 # A hand-off failed half-way and may have granted: compare-and-delete.
                 await self._backend.abandon(entry.request)
         except Exception:
-            log.warning(
-                "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
-                "server lets it expire with its lease",
-                entry.request.name,
-                exc_info=True,
-            )
+            msg = "aiodlock: could not give back a lock handed to a leaving waiter of %r; the "
+            msg += "server lets it expire with its lease"
+            log.warning(msg, entry.request.name, exc_info=True)

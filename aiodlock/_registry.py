@@ -1,10 +1,6 @@
-"""Scheme -> backend class, imported lazily.
-
-Built-in backends are listed as ``"module:Class"`` strings and imported on first use, so
-``import aiodlock`` never imports a driver.  Only backends whose module exists are listed: a
-scheme is added together with its backend.  Third-party backends register under the entry
-point group ``aiodlock.backends`` (name = scheme, value = ``"module:Class"``).
-"""
+"""Scheme -> backend class, as ``"module:Class"`` imported on first use (``import aiodlock``
+never imports a driver); a scheme is listed together with its backend.  Third-party backends
+register the same under the entry point group ``aiodlock.backends`` (name = scheme)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Layer 2: trying an attempt again after transient failures, and clean-up that must happen.
-
-:func:`retrying` wraps a whole attempt (kazoo's ``KazooRetry`` is the model), :class:`Pauses`
-gives its capped, jittered pauses to a caller that sleeps its own way, and
-:class:`Guaranteed` keeps clean-up that must happen eventually (Curator's
-``delete().guaranteed()``).  A backend marks errors transient when it translates them; it
-does not loop.  Nothing here is module-level state: a backend makes its own
-:class:`Guaranteed` in ``open()`` and closes it in ``aclose()``.
-"""
+"""Layer 2: trying again after transient failures (:func:`retrying`, after kazoo's
+``KazooRetry``; :class:`Pauses` for a caller that sleeps its own way), and clean-up that must
+happen eventually (:class:`Guaranteed`, after Curator's ``delete().guaranteed()``).  A backend
+marks errors transient when it translates them; it does not loop."""
 
 from __future__ import annotations
 
@@ -37,12 +32,14 @@ def _transient(error: BackendError) -> bool:
     return error.transient
 
 
-class Pauses:
-    """Capped, jittered pauses while failures last, until a deadline or a limit.
+def _earlier(a: float | None, b: float | None) -> float | None:
+    """The earlier of two ends (None: no end)."""
+    return b if a is None else a if b is None else min(a, b)
 
-    ``limit`` (seconds, counted from when this object is made, i.e. the first failure)
-    bounds how long failures may go on; :meth:`pause` also takes a deadline of the call.
-    """
+
+class Pauses:
+    """Capped, jittered pauses while failures last, for at most ``limit`` seconds from now
+    (the first failure) and, in :meth:`pause`, until a deadline."""
 
     __slots__ = ("_backoff", "_until")
 
@@ -53,10 +50,7 @@ class Pauses:
         self._backoff = Backoff(first=first, cap=cap)
 
     def end(self, deadline: float | None = None) -> float | None:
-        """The earlier of the limit's end and ``deadline`` (None: neither)."""
-        if self._until is None:
-            return deadline
-        return self._until if deadline is None else min(self._until, deadline)
+        return _earlier(self._until, deadline)
 
     def pause(self, error: BaseException, deadline: float | None = None) -> float:
         """How long to wait before the next try; raises ``error`` when the time is up."""
@@ -82,18 +76,13 @@ async def retrying(
     first: float = 0.05,
     cap: float = 1.0,
 ) -> T:
-    """``await attempt()``, run again while it raises a transient :class:`BackendError`.
-
-    ``attempt`` must be safe to run again (idempotent, or able to find what an earlier run
-    left).  It is run again after a pause of :class:`Pauses` (``first``, ``cap``; a
-    ``first`` of 0 runs it again at once), or, with ``wait_ready``, as soon as
-    ``wait_ready`` says the backend can be asked again.  It gives up and raises the last
-    error when ``until`` (monotonic) has passed, when the failures have lasted ``limit``
-    seconds (with ``wait_ready``: when one wait for readiness would outlast ``limit``,
-    since a ready backend ends an outage), after ``tries`` runs, or when ``wait_ready``
-    answers False.  ``retry_if`` picks the failures that are tried again (default: those
-    marked :attr:`BackendError.transient`); everything else is raised at once.
-    """
+    """``await attempt()`` (safe to run again), run again while it raises a failure that
+    ``retry_if`` picks (default: :attr:`BackendError.transient`), after a pause of
+    :class:`Pauses` (``first``, ``cap``) or, with ``wait_ready``, as soon as the backend can be
+    asked again.  It raises the last error once ``until`` (monotonic) has passed, the
+    failures have lasted ``limit`` seconds (with ``wait_ready``: one wait for readiness would
+    outlast it, since a ready backend ends an outage), after ``tries`` runs, or when
+    ``wait_ready`` answers False."""
     should_retry = retry_if or _transient
     pauses: Pauses | None = None
     runs = 0
@@ -105,9 +94,7 @@ async def retrying(
             if not should_retry(error) or (tries is not None and runs >= tries):
                 raise
             if wait_ready is not None:
-                end = None if limit is None else monotonic() + limit
-                if until is not None:
-                    end = until if end is None else min(end, until)
+                end = _earlier(None if limit is None else monotonic() + limit, until)
                 log.debug("aiodlock: %s: %s; trying again when the server is back", what, error)
                 if not await wait_ready(end):
                     raise
@@ -122,16 +109,11 @@ async def retrying(
 class Guaranteed:
     """Clean-up actions that must succeed eventually, and the owner's background tasks.
 
-    :meth:`run` runs an action now (tried again like :func:`retrying` until ``until``);
-    if it has not succeeded by then, failed otherwise or was cancelled, the action is
-    kept (:meth:`later`) and the error raised.  ONE background task runs what is kept:
-    it waits until the backend is ready (``wait_ready``), runs every kept action once,
-    and after a failure pauses (capped, jittered: ``pauses`` is ``(first, cap)``) or until
-    :meth:`kick`.  An action is dropped when it returns: one that finds nothing left to
-    do (the session that owned the node is gone) returns too.  Other failures than
-    transient ones (or those ``retry_if`` picks) are logged as warnings and tried again
-    all the same (a clean-up is never given up while the owner lives).  :meth:`aclose` cancels
-    the background task and every task started with :meth:`spawn`, and awaits them.
+    What :meth:`run` could not do in time is kept for ONE background task, which waits until
+    the backend is ready (``wait_ready``), runs every kept action once, and after a failure
+    pauses (``pauses`` is ``(first, cap)``) or until :meth:`kick`.  An action is dropped when
+    it returns (also when it finds nothing left to do); it is never given up while the owner
+    lives: unexpected failures are logged as warnings and tried again all the same.
     """
 
     def __init__(
@@ -145,13 +127,12 @@ class Guaranteed:
         self.what = what
         self._wait_ready = wait_ready
         self._retry_if = retry_if or _transient
-        #: ``(first, cap)`` of the pauses after failures (see :class:`Pauses`).
         self._first, self._cap = pauses
         self._pending: dict[Hashable, Callable[[], Awaitable[object]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._kicked = asyncio.Event()
-        self._closed = False
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -159,21 +140,13 @@ class Guaranteed:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._pending
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def run(
         self, key: Hashable, action: Callable[[], Awaitable[T]], *, until: float | None
     ) -> T:
-        """Run ``action`` now, again after transient failures until ``until`` (monotonic).
-
-        Whatever stops it short of success (time up, another failure, a cancellation)
-        keeps it for the background under ``key`` and propagates.
-        """
-        done = False
+        """Run ``action`` now, again after transient failures until ``until`` (monotonic);
+        whatever stops it short of success keeps it for the background under ``key``."""
         try:
-            result = await retrying(
+            return await retrying(
                 action,
                 until=until,
                 what=self.what,
@@ -182,15 +155,13 @@ class Guaranteed:
                 first=self._first,
                 cap=self._cap,
             )
-            done = True
-            return result
-        finally:
-            if not done:
-                self.later(key, action)
+        except BaseException:
+            self.later(key, action)
+            raise
 
     def later(self, key: Hashable, action: Callable[[], Awaitable[object]]) -> bool:
         """Keep ``action`` for the background task.  False: closed, or ``key`` is kept."""
-        if self._closed or key in self._pending:
+        if self.closed or key in self._pending:
             return False
         self._pending[key] = action
         if self._task is None:
@@ -212,7 +183,7 @@ class Guaranteed:
 
     async def aclose(self) -> None:
         """Stop: drop what is kept, cancel the background task and the owner's tasks."""
-        self._closed = True
+        self.closed = True
         self._pending.clear()
         tasks = list(self._tasks)
         for task in tasks:
@@ -225,7 +196,7 @@ class Guaranteed:
     async def _background(self) -> None:
         backoff = Backoff(first=self._first, cap=self._cap)
         try:
-            while self._pending and not self._closed:
+            while self._pending and not self.closed:
                 self._kicked.clear()
                 if self._wait_ready is not None and not await self._wait_ready(None):
                     return  # it never will be (closed)

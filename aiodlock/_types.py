@@ -1,10 +1,7 @@
-"""Layer 0: the values the core and the backends exchange, and the clock.
-
-Nothing here imports from the rest of the library.  :class:`Request` and :class:`Grant`
-carry one owner's wish and what the server granted; new kinds of request (a read/write
-mode, a permit limit for a counting semaphore) are new fields with defaults, so every
-backend that does not support them keeps working and says so through :class:`Capability`.
-"""
+"""Layer 0 (imports nothing of the library): the values the core and the backends exchange,
+and the clock.  New kinds of request (a read/write mode, a permit limit) are new fields of
+:class:`Request` with defaults: a backend that does not support them keeps working and says
+so through :class:`Capability`."""
 
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ class Capability(enum.Flag):
     #: :meth:`Backend.transfer` releases a grant and grants the name to another owner in
     #: one round trip (the core hands a lock to a waiting task of the same client).
     TRANSFER = enum.auto()
-    #: An ``urgent`` request (see :class:`Request`) waits in a line on the server that
-    #: every attempt respects, so a busy process cannot starve the others; the core abandons
-    #: an urgent request that ends without a grant, as it does a fair one.
+    #: An ``urgent`` request (see :class:`Request`) waits in a line on the server that every
+    #: attempt respects; the core abandons one that ends without a grant, like a fair one.
     URGENT = enum.auto()
     #: Two owners of one client asking at once would only split the vote (a quorum): the
     #: core lets one of them ask at a time, answers locally while another of them holds the
@@ -111,16 +107,12 @@ class Busy:
 
 
 class Waiter:
-    """A wake-up source for one waiting owner (entered before the retry that precedes a wait).
-
-    Subclass it.  ``listening_since``: since when (monotonic) a release is certain to wake
-    it (e.g. its subscription confirmed), or None.  When that is before the attempt that
-    preceded the waiter, the loop sleeps at once instead of asking again (see
-    ``_waiting._still_busy``).
-    """
+    """A wake-up source for one waiting owner (entered before the retry that precedes a wait)."""
 
     __slots__ = ()
 
+    #: Since when (monotonic) a release is certain to wake it (its subscription confirmed), or
+    #: None: from before the first attempt, the loop sleeps before asking again.
     listening_since: float | None = None
 
     async def wait(self, timeout: float | None) -> bool:
@@ -142,15 +134,12 @@ LostCallback = Callable[[Sequence[Grant], str], None]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LockStatus:
-    """Who holds a lock right now, as the backend sees it.
-
-    ``owner`` equals the holder's :attr:`Lease.owner`; ``expires_in`` is the seconds left on
-    the holder's lease (``None`` when the lease is bound to a session with no fixed end);
-    ``waiters`` is the number of queued waiters where the backend knows it, else ``None``.
-    """
+    """Who holds a lock right now, as the backend sees it."""
 
     name: str
-    owner: str
+    owner: str  # (the holder's Lease.owner)
     token: int
+    #: Seconds left on the holder's lease (None: bound to a session with no fixed end).
     expires_in: float | None
+    #: How many wait in line, where the backend knows it.
     waiters: int | None = None

@@ -1,13 +1,7 @@
-"""The shared try-then-wait loop and the wake-up sources a waiter sleeps on.
-
-The loop (:func:`acquire_loop`) is the policy; a backend supplies one atomic attempt
-(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the
-retry that precedes each sleep, so a release that happens between a failed attempt and the
-sleep is never missed.
-
-:class:`WakeupBoard` is the per-client table of local waiters by name: a backend that hears
-of a release (a pub/sub message, a same-process release) wakes ONE local waiter, not all.
-"""
+"""Layer 2: the shared try-then-wait loop, the policy; a backend supplies one atomic attempt
+(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the retry
+that precedes each sleep, so a release between a failed attempt and the sleep is never
+missed."""
 
 from __future__ import annotations
 
@@ -42,35 +36,21 @@ async def acquire_loop(
     backend: Backend,
     request: Request,
     deadline: float | None,
-    first: Busy | None = None,
-    first_sent: float | None = None,
+    first: Busy,
+    first_sent: float,
     local: LocalWaiters | None = None,
 ) -> Grant | None:
-    """Try, then sleep on the backend's waiter and retry until granted or ``deadline``.
-
-    ``first``: the answer of a first attempt the caller already made, which it started at
-    ``first_sent`` (monotonic; None if unknown).  ``local``: the client's own waiters; a
-    non-fair waiter joins them while it waits, so a release by another task of the client
-    can hand the lock to it (see ``_local``).
-    """
-    if first is None:
-        first_sent = monotonic()
-        result = await backend.try_acquire(
-            request, will_wait=deadline is None or deadline > monotonic()
-        )
-        if isinstance(result, Grant):
-            return result
-        first = result
+    """After a ``first`` attempt sent at ``first_sent`` (monotonic) was busy, sleep on the
+    backend's waiter and try again until granted or ``deadline``.  A non-fair waiter joins
+    the client's ``local`` waiters while it waits, so that a release by another task of the
+    client can hand the lock to it."""
     if deadline is not None and monotonic() >= deadline:
         if request.fair:
             await backend.abandon(request)
         return None
-    # (from when this owner has waited: the attempt the caller made, or now)
-    urgent_at = (
-        math.inf
-        if request.fair or not backend.capabilities & Capability.URGENT
-        else (monotonic() if first_sent is None else first_sent) + URGENT_AFTER
-    )
+    urgent_at = first_sent + URGENT_AFTER
+    if request.fair or not backend.capabilities & Capability.URGENT:
+        urgent_at = math.inf
     granted: Grant | None = None
     try:
         context = backend.waiter(request)
@@ -99,21 +79,15 @@ async def acquire_loop(
                         if not exc.transient:
                             raise
                         # NOTE: a waiter should outlive a failover: trying again is safe
-                        # because an attempt is idempotent for its owner (a grant whose answer
-                        # was lost is granted again), and if the loop gives up, the caller
-                        # abandons what the attempts left.  It gives up when the failures have
-                        # lasted as long as the lease it asks for (every lease held through the
-                        # outage is lost by then: no blip) or at its deadline.
+                        # because an attempt is idempotent for its owner, and if the loop gives
+                        # up, the caller abandons what the attempts left.  It gives up (raises
+                        # exc) at its deadline or when the failures have lasted as long as the
+                        # lease it asks for (every lease held through the outage is lost then).
                         if outage is None:
                             outage = Pauses(request.ttl)
-                        # (raises exc when the outage outlasts the deadline or the lease)
                         pause = outage.pause(exc, deadline)
-                        log.debug(
-                            "aiodlock: waiting for %r: %s; trying again in %.3f s",
-                            request.name,
-                            exc,
-                            pause,
-                        )
+                        msg = "aiodlock: waiting for %r: %s; trying again in %.3f s"
+                        log.debug(msg, request.name, exc, pause)
                         await waiter.wait(pause)
                         continue
                     outage = None
@@ -157,7 +131,6 @@ async def acquire_loop(
 
 
 async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
-    """The waiter leaves the client's local waiters, giving back what a hand-off left it."""
     assert local is not None
     local.leave(entry)
     if entry.needs_settling():
@@ -168,17 +141,15 @@ async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
 async def _enter_waiter(
     context: AbstractAsyncContextManager[Waiter], deadline: float | None
 ) -> Waiter | None:
-    """Enter the waiter ``context``, at most until ``deadline``.
+    """Enter the waiter ``context``, at most until ``deadline`` (None: it passed first).
 
-    Setting a waiter up can take a round trip or more (a subscription confirmed by the
-    server, a watch); it must not stretch ``timeout=X`` beyond X.  None: the deadline
-    passed first (what the set-up had done is undone by its own clean-up: a context
-    manager whose ``__aenter__`` fails is not entered).
+    Setting a waiter up can take a round trip or more (a subscription, a watch): it must not
+    stretch ``timeout=X`` beyond X.  A context manager whose ``__aenter__`` fails undoes what
+    it had done itself.
     """
-    if deadline is None:
-        return await context.__aenter__()
     loop = asyncio.get_running_loop()
-    bound = asyncio.timeout_at(loop.time() + max(0.0, deadline - monotonic()))
+    when = None if deadline is None else loop.time() + max(0.0, deadline - monotonic())
+    bound = asyncio.timeout_at(when)
     try:
         async with bound:
             return await context.__aenter__()
@@ -188,16 +159,12 @@ async def _enter_waiter(
         raise  # a timeout of the backend's own (BackendTimeout)
 
 
-def _still_busy(waiter: Waiter, first: Busy, sent: float | None) -> Busy | None:
-    """``first`` (what remains of it) when it needs no second ask, else None.
-
-    A waiter that says it has been listening since before the first attempt was sent
-    (``listening_since``) has been woken by any release since that attempt: asking again
-    before the first sleep would learn nothing (a wake-up already there ends that sleep at
-    once).  Unless the holder's lease has run out meanwhile.
-    """
+def _still_busy(waiter: Waiter, first: Busy, sent: float) -> Busy | None:
+    """``first`` (what remains of it) when it needs no second ask, else None: a waiter
+    listening since before the first attempt was sent has been woken by any release since
+    (that wake-up ends the first sleep at once), unless the holder's lease ran out since."""
     since: float | None = getattr(waiter, "listening_since", None)
-    if sent is None or since is None or since > sent:
+    if since is None or since > sent:
         return None
     if first.retry_after is None:
         return first

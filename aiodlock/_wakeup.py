@@ -1,6 +1,5 @@
-"""Layer 1: what a waiting task sleeps on (:class:`Wakeup`, :class:`WakeupBoard`, the
-polling and board waiters), :class:`Reservations`, :class:`InFlight` and THE one-timer
-mechanism (:class:`Timer`)."""
+"""Layer 1: what a waiting task sleeps on, :class:`Reservations`, :class:`InFlight` and THE
+one-timer mechanism (:class:`Timer`)."""
 
 from __future__ import annotations
 
@@ -17,12 +16,12 @@ from ._types import Waiter, monotonic
 
 __all__ = [
     "Backoff",
-    "BackoffWaiter",
     "BoardWaiter",
     "InFlight",
     "Reservations",
     "SharedBoard",
     "Slot",
+    "Timer",
     "Wakeup",
     "WakeupBoard",
 ]
@@ -31,36 +30,18 @@ __all__ = [
 class Backoff:
     """Capped exponential backoff with full jitter (AWS style)."""
 
-    def __init__(self, first: float = 0.005, cap: float = 0.25, factor: float = 2.0) -> None:
+    def __init__(self, first: float = 0.005, cap: float = 0.25) -> None:
         self.first = first
         self.cap = cap
-        self.factor = factor
         self._next = first
 
     def next(self) -> float:
         delay = random.uniform(self._next / 2, self._next)
-        self._next = min(self.cap, self._next * self.factor)
+        self._next = min(self.cap, self._next * 2)
         return delay
 
     def reset(self) -> None:
         self._next = self.first
-
-
-class BackoffWaiter(Waiter):
-    """A waiter that only polls (with :class:`Backoff`)."""
-
-    def __init__(self, backoff: Backoff | None = None) -> None:
-        self.backoff = backoff or Backoff()
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def context(cls, backoff: Backoff | None = None) -> AsyncIterator[BackoffWaiter]:
-        yield cls(backoff)
-
-    async def wait(self, timeout: float | None) -> bool:
-        delay = self.backoff.next()
-        await anyio.sleep(delay if timeout is None else min(delay, timeout))
-        return False
 
 
 def _expire(future: asyncio.Future[None]) -> None:
@@ -69,8 +50,8 @@ def _expire(future: asyncio.Future[None]) -> None:
 
 
 class Wakeup:
-    """A wake-up flag that ONE task at a time waits on, with an optional time limit: an
-    :class:`asyncio.Event` without the list of waiters, timed without cancelling the task."""
+    """A wake-up flag that ONE task at a time waits on: an :class:`asyncio.Event` without the
+    list of waiters, timed without cancelling the task."""
 
     __slots__ = ("_future", "_set")
 
@@ -82,14 +63,11 @@ class Wakeup:
         return self._set
 
     def set(self) -> None:
-        if not self._set:
-            self._set = True
-            future = self._future
-            if future is not None and not future.done():
-                future.set_result(None)
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
 
     async def wait(self, timeout: float | None = None) -> None:
-        """Return once set, or after ``timeout`` seconds (``None``: no limit)."""
         if self._set:
             return
         if self._future is not None:
@@ -108,12 +86,11 @@ class Wakeup:
 class Slot:
     """One local waiter's place on a :class:`WakeupBoard`."""
 
-    __slots__ = ("event", "key", "name", "tag")
+    __slots__ = ("event", "name", "tag")
 
-    def __init__(self, name: str = "", key: int = 0, tag: object = None) -> None:
+    def __init__(self, name: str = "", tag: object = None) -> None:
         self.event = Wakeup()
         self.name = name
-        self.key = key
         self.tag = tag  # (names this waiter in a wake-up meant for it alone)
 
 
@@ -123,8 +100,7 @@ class WakeupBoard:
     Redlock node announces the same release)."""
 
     def __init__(self, single: bool = False) -> None:
-        self._slots: dict[str, dict[int, Slot]] = {}
-        self._seq = 0
+        self._slots: dict[str, dict[Slot, None]] = {}  # (an ordered set)
         self._single = single
 
     def __contains__(self, name: str) -> bool:
@@ -137,45 +113,39 @@ class WakeupBoard:
         return len(self._slots.get(name, ()))
 
     def add(self, name: str, tag: object = None) -> Slot:
-        self._seq += 1
-        slot = Slot(name, self._seq, tag)
-        self._slots.setdefault(name, {})[slot.key] = slot
+        slot = Slot(name, tag)
+        self._slots.setdefault(name, {})[slot] = None
         return slot
 
     def remove(self, slot: Slot) -> None:
-        name = slot.name
-        slots = self._slots.get(name)
+        slots = self._slots.get(slot.name)
         if slots is not None:
-            slots.pop(slot.key, None)
+            slots.pop(slot, None)
             if not slots:
-                del self._slots[name]
+                del self._slots[slot.name]
         if slot.event.is_set():
-            self.wake_one(name)
+            self.wake_one(slot.name)
 
     def wake_one(self, name: str) -> bool:
         """Wake the oldest waiter of ``name`` with no wake-up on its way; True: one is."""
-        slots = self._slots.get(name)
-        if not slots:
-            return False
-        for slot in slots.values():
-            if slot.event.is_set():
-                if self._single:
-                    return True
-            else:
+        for slot in self._slots.get(name, ()):
+            if not slot.event.is_set():
                 slot.event.set()
+                return True
+            if self._single:
                 return True
         return False
 
     def wake_tagged(self, name: str, tag: object) -> bool:
         """Wake the waiter of ``name`` added with ``tag``, if it waits here."""
-        for slot in self._slots.get(name, {}).values():
+        for slot in self._slots.get(name, ()):
             if slot.tag == tag:
                 slot.event.set()
                 return True
         return False
 
     def wake_all(self, name: str) -> None:
-        for slot in list(self._slots.get(name, {}).values()):
+        for slot in list(self._slots.get(name, ())):
             slot.event.set()
 
 
@@ -188,9 +158,6 @@ class InFlight:
         self._items: set[object] = set()
         self._idle: asyncio.Event | None = None
 
-    def __contains__(self, item: object) -> bool:
-        return item in self._items
-
     def __iter__(self) -> Iterator[object]:
         return iter(list(self._items))
 
@@ -198,19 +165,17 @@ class InFlight:
         self._items.add(item)
 
     def discard(self, item: object) -> None:
-        items = self._items
-        items.discard(item)
-        if not items and self._idle is not None:
+        self._items.discard(item)
+        if not self._items and self._idle is not None:
             self._idle.set()
 
     async def drained(self, timeout: float) -> None:
         """Return once nothing is under way, or after ``timeout`` seconds."""
-        if not self._items:
-            return
-        self._idle = asyncio.Event()
-        with anyio.move_on_after(timeout):
-            await self._idle.wait()
-        self._idle = None
+        if self._items:
+            self._idle = asyncio.Event()
+            with anyio.move_on_after(timeout):
+                await self._idle.wait()
+            self._idle = None
 
 
 class Reservations:
@@ -254,14 +219,12 @@ class Reservations:
 
 
 class BoardWaiter(Waiter):
-    """A waiter woken through a :class:`WakeupBoard`, also polling with ``backoff`` (if
-    any) while ``listening`` (if given) says that a release would not reach it."""
+    """A waiter woken through its :class:`Slot` (of a :class:`WakeupBoard`, or of none: then it
+    only polls), polling with ``backoff`` (if any) while ``listening`` (if given) does not
+    say that a release would reach it."""
 
     def __init__(
-        self,
-        slot: Slot,
-        backoff: Backoff | None,
-        listening: Callable[[], bool] | None = None,
+        self, slot: Slot, backoff: Backoff | None, listening: Callable[[], bool] | None = None
     ) -> None:
         self._slot = slot
         self._backoff = backoff
@@ -300,13 +263,10 @@ class BoardWaiter(Waiter):
 
 
 class Timer:
-    """ONE loop timer for any number of deadlines (on :func:`monotonic`).
-
-    :meth:`at` arms it for the earliest deadline asked so far; when it fires it calls
-    ``due(now)``, which returns the next deadline or None to rest (``handle`` is None then).
-    A timer per request (armed, then cancelled a fraction of a millisecond later) would cost
-    a heap push and a cancellation each time.
-    """
+    """ONE loop timer for any number of deadlines (on :func:`monotonic`): a timer per request
+    (armed, then cancelled a fraction of a millisecond later) would cost a heap push and a
+    cancellation each time.  :meth:`at` arms it for the earliest deadline asked so far; when
+    it fires it calls ``due(now)``, which returns the next deadline or None to rest."""
 
     __slots__ = ("_when", "due", "handle")
 
@@ -338,15 +298,12 @@ class Timer:
 
 
 class SharedBoard:
-    """A :class:`WakeupBoard` that the backends of one process share per resource.
-
-    Two clients of one process on one database file (say) hear each other's releases at
-    once through it, instead of at their next poll, also when they run in two event loops
-    (threads): each loop has its board, and a release that finds no waiter on its own
-    loop's board rings one waiter on each other loop's, thread-safely.  The core keeps
-    these boards, not the backends: it is the core's one process-wide registry (by
-    resource, then by loop); an entry lives while a backend that joined it has not left.
-    """
+    """A :class:`WakeupBoard` that the backends of one process share per resource (say, a
+    database file), so that two clients hear each other's releases at once instead of at
+    their next poll, also from two event loops (threads): each loop has its board, and a
+    release that finds no waiter on its own loop's board rings one on each other loop's.
+    The registry (by resource, then by loop) is the core's one process-wide state; an entry
+    lives while a backend that joined it has not left."""
 
     _registry: ClassVar[dict[Hashable, dict[asyncio.AbstractEventLoop, SharedBoard]]] = {}
     _mutex: ClassVar[threading.Lock] = threading.Lock()
@@ -370,7 +327,7 @@ class SharedBoard:
         return shared
 
     def leave(self) -> None:
-        """One backend that joined leaves (call it once per join)."""
+        """Call it once per :meth:`join`."""
         with self._mutex:
             self._users -= 1
             boards = self._registry.get(self._resource, {})

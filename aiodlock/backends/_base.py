@@ -1,22 +1,8 @@
 """The contract between the core and a backend.
 
-The core (``aiodlock._client`` / ``aiodlock._lock`` / ``aiodlock._watchdog``) owns every
-policy: owner identity, reentrancy, deadlines, the watchdog, lost-lease handling and
-cancellation.  A backend only speaks its protocol:
-
-* :meth:`Backend.try_acquire` makes ONE atomic attempt and answers :class:`Grant` or
-  :class:`Busy` (with the holder's remaining lease when the server tells it);
-* :meth:`Backend.waiter` gives the wake-up source a waiter sleeps on between attempts
-  (pub/sub, a watch, a local event, or backoff polling);
-* :meth:`Backend.acquire` is the whole wait; the default runs the shared try-then-wait loop
-  of :func:`aiodlock._waiting.acquire_loop`; queue-based backends (ZooKeeper, etcd, memory)
-  override it;
-* :meth:`Backend.renew` renews many leases in one batch (the client's single watchdog
-  calls it); :meth:`Backend.release` is a compare-and-delete by owner;
-  :meth:`Backend.abandon` removes every trace of an owner's attempt (used by the core after
-  a cancellation or an error, when it cannot know what the server did).
-
-Invariants a backend must keep:
+The core (``aiodlock._client`` / ``_lock`` / ``_watchdog``) owns every policy: owner identity,
+reentrancy, deadlines, waiting, the watchdog, lost-lease handling and cancellation.  A backend
+only speaks its protocol (see each method of :class:`Backend`), and keeps these invariants:
 
 * ``owner`` strings are unique per (client, task) and are what :class:`LockStatus` reports;
 * an attempt by an owner that already holds the name on the server is idempotent: it
@@ -31,6 +17,7 @@ Invariants a backend must keep:
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Self
@@ -44,6 +31,7 @@ from .._types import (
     LostCallback,
     Request,
     Waiter,
+    monotonic,
 )
 from .._url import ParsedURL
 
@@ -62,13 +50,9 @@ class Backend(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        """Build from a parsed URL.
-
-        ``options`` holds the URL's query options and the keyword options that the core did
-        not consume; take what you know with the ``take_*`` helpers of ``aiodlock._url``.
-        The core raises :class:`~aiodlock.ConfigurationError` for whatever is left over.
-        No I/O here.
-        """
+        """Build from a parsed URL (no I/O here).  Take what you know of ``options`` (the URL's
+        query options and the keyword options the core did not consume) with the ``take_*``
+        helpers of ``aiodlock._url``: the core raises a ConfigurationError for the rest."""
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -84,7 +68,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        """One atomic attempt.
+        """ONE atomic attempt: a :class:`Grant`, or :class:`Busy` (with the holder's remaining
+        lease when the server tells it).
 
         ``will_wait`` is False for a try-lock: then a denied attempt must leave nothing on
         the server (no queue entry).  When it is True a fair backend may keep the owner's
@@ -92,27 +77,32 @@ class Backend(abc.ABC):
         """
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        """The wake-up source for ``request``; entered BEFORE the retry that precedes a wait.
+        """The wake-up source (pub/sub, a watch, a local event...) a waiter sleeps on between
+        attempts; entered BEFORE the retry that precedes a wait.  The default polls with capped
+        exponential backoff and jitter."""
+        from .._wakeup import Backoff, BoardWaiter, Slot
 
-        The default polls with capped exponential backoff and jitter.
-        """
-        from .._wakeup import BackoffWaiter
-
-        return BackoffWaiter.context()
+        return contextlib.nullcontext(BoardWaiter(Slot(), Backoff()))
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
         """Acquire, waiting until ``deadline`` (monotonic; ``None`` = forever).
 
         Returns ``None`` at the deadline, having cleaned up after itself.  The default is
-        the shared try-then-wait loop built on :meth:`try_acquire` and :meth:`waiter`.
+        the shared try-then-wait loop built on :meth:`try_acquire` and :meth:`waiter`;
+        queue-based backends (ZooKeeper, etcd, memory) override it.
         """
         from .._waiting import acquire_loop
 
-        return await acquire_loop(self, request, deadline)
+        sent = monotonic()
+        first = await self.try_acquire(request, will_wait=deadline is None or deadline > sent)
+        if isinstance(first, Grant):
+            return first
+        return await acquire_loop(self, request, deadline, first, sent)
 
     @abc.abstractmethod
     async def renew(self, grants: Sequence[Grant], ttl: float) -> Sequence[float | None]:
-        """Renew every grant (in one batch/pipeline where the protocol allows).
+        """Renew every grant (in one batch/pipeline where the protocol allows): the client's
+        one watchdog calls it.
 
         Returns, per grant, the new ``expires_at`` (monotonic, measured from before the
         request was sent) or ``None`` when the lease is gone or owned by someone else.
