@@ -12,6 +12,7 @@ backends of one event loop share per database file.  See ``docs/backends/sqlite.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -97,15 +98,13 @@ class _Abandoned(Exception):
     """A job whose caller gave up before it started; it never touches the database."""
 
 
+@dataclasses.dataclass(slots=True)
 class _Job:
     """One call on the connection, run by a worker thread."""
 
-    __slots__ = ("cancelled", "deadline", "fn")
-
-    def __init__(self, fn: Callable[[sqlite3.Connection, _Job], Any], deadline: float) -> None:
-        self.fn = fn
-        self.deadline = deadline
-        self.cancelled = False  # set from the event loop when the caller gives up
+    fn: Callable[[sqlite3.Connection, _Job], Any]
+    deadline: float
+    cancelled: bool = False  # set from the event loop when the caller gives up
 
 
 Body = Callable[[sqlite3.Connection, _Job], T]
