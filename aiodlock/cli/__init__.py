@@ -1,9 +1,4 @@
-"""The ``aiodlock`` command line (also ``python -m aiodlock``): ``run``, ``status``,
-``release --force`` and ``demo``; docs/cli.md describes the commands and exit statuses.
-
-The lock service is ``--url`` (before or after the command), else ``AIODLOCK_URL``, else
-the embedded default (:func:`aiodlock.default_url`: a SQLite file in the user cache dir).
-"""
+"""The ``aiodlock`` command line (also ``python -m aiodlock``); docs/cli.md describes it."""
 
 from __future__ import annotations
 
@@ -17,25 +12,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .. import BackendError, ConfigurationError, LockError, Unsupported
-from ._common import DEMO_LOCK as DEMO_LOCK
 from ._common import DEMO_NAMESPACE as DEMO_NAMESPACE
-from ._common import EX_COMMAND_NOT_FOUND as EX_COMMAND_NOT_FOUND
-from ._common import EX_CONFIG as EX_CONFIG
-from ._common import EX_FREE as EX_FREE
-from ._common import EX_LOST as EX_LOST
-from ._common import EX_NOT_EXECUTABLE as EX_NOT_EXECUTABLE
-from ._common import EX_OK as EX_OK
-from ._common import EX_TEMPFAIL as EX_TEMPFAIL
-from ._common import EX_UNAVAILABLE as EX_UNAVAILABLE
-from ._common import Exit, fmt_seconds, make_client, resolved_url, say, shown_url
-from ._demo import Record, cmd_demo, cmd_demo_worker
+from ._common import Exit, ExitStatus, fmt_seconds, held_by, make_client, say, shown_url
+from ._demo import Record as Record
 from ._demo import analyse as analyse
-from ._parser import build_parser as build_parser
-from ._parser import parse_args
+from ._demo import cmd_demo, cmd_demo_worker
+from ._parser import build_parser, parse_args
 from ._run import cmd_run
-
-# (re-exported ``X as X``; ``_Record`` and ``_parse``: the names these had before the split)
-_Record, _parse = Record, parse_args
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -54,13 +37,13 @@ async def cmd_status(args: argparse.Namespace) -> int:
         print(f"  expires in: {fmt_seconds(status.expires_in)}")
         if status.waiters is not None:
             print(f"  waiters:    {status.waiters}")
-    return EX_OK if status is not None else EX_FREE
+    return ExitStatus.OK if status is not None else ExitStatus.FREE
 
 
 async def cmd_release(args: argparse.Namespace) -> int:
     if not args.force:
         raise Exit(
-            EX_CONFIG,
+            ExitStatus.CONFIG,
             f"release: refusing to break lock {args.name!r} without --force. Breaking a lock "
             f"leaves its holder unprotected (it notices at its next renewal); a holder "
             f"releases its own lock when it is done. Add --force if you are sure.",
@@ -70,10 +53,9 @@ async def cmd_release(args: argparse.Namespace) -> int:
         released = await client.force_release(args.name)
     if not released:
         print(f"lock {args.name!r} was not held; nothing to release")
-        return EX_FREE
-    held = "" if status is None else f" (held by {status.owner}, token {status.token})"
-    print(f"released lock {args.name!r}{held}")
-    return EX_OK
+        return ExitStatus.FREE
+    print(f"released lock {args.name!r}{held_by(status)}")
+    return ExitStatus.OK
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
@@ -88,8 +70,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] =
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``aiodlock`` command; returns the exit status."""
     args = parse_args(build_parser(), list(sys.argv[1:] if argv is None else argv))
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler = logging.StreamHandler()  # (on stderr, the message alone)
     if not args.verbose:
         # The commands say it themselves when a lease is lost ("lost lock ..."): the
         # library's own warning would print the same news twice.
@@ -105,13 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.status
     except (ConfigurationError, Unsupported) as exc:
         say(str(exc))
-        return EX_CONFIG
+        return ExitStatus.CONFIG
     except BackendError as exc:
-        say(f"the lock service at {shown_url(resolved_url(args))} failed: {exc}")
-        return EX_UNAVAILABLE
+        say(f"the lock service at {shown_url(args)} failed: {exc}")
+        return ExitStatus.UNAVAILABLE
     except LockError as exc:
         say(f"{type(exc).__name__}: {exc}")
-        return EX_LOST
+        return ExitStatus.LOST
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     finally:

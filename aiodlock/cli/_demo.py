@@ -1,9 +1,5 @@
-"""``aiodlock demo``: N worker processes contend for one lock; the report checks them.
-
-The demo (``cmd_demo``) starts the workers as ``python -m aiodlock _demo-worker``
-(``cmd_demo_worker``), starts them together, gathers their records and reports overlaps,
-token order, wait times and hand-off gaps (:func:`analyse`).
-"""
+"""``aiodlock demo``: worker processes (``aiodlock _demo-worker``) contend for one lock; the
+report checks their records (:func:`analyse`)."""
 
 from __future__ import annotations
 
@@ -27,22 +23,10 @@ import aiodlock
 
 from .. import LockError
 from .._types import Capability
-from ._common import (
-    DEMO_NAMESPACE,
-    EX_CONFIG,
-    EX_FREE,
-    EX_OK,
-    EX_UNAVAILABLE,
-    Exit,
-    fmt_seconds,
-    make_client,
-    resolved_url,
-    say,
-)
+from ._common import DEMO_NAMESPACE, Exit, ExitStatus, fmt_seconds, make_client, resolved_url, say
 from ._stats import percentile
 
-# Put on the demo workers' PYTHONPATH so they import this very copy of aiodlock: the
-# directory that holds the ``aiodlock`` package (wherever this module sits inside it).
+# On the workers' PYTHONPATH, so that they import this very copy of aiodlock.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiodlock.__file__)))
 
 
@@ -89,13 +73,13 @@ def analyse(records: Sequence[Record], collisions: int) -> dict[str, Any]:
 async def cmd_demo(args: argparse.Namespace) -> int:
     low, high = args.hold_ms
     if not 0 <= low <= high:
-        raise Exit(EX_CONFIG, "demo: --hold-ms needs 0 <= MIN <= MAX")
+        raise Exit(ExitStatus.CONFIG, "demo: --hold-ms needs 0 <= MIN <= MAX")
     namespace = args.namespace or DEMO_NAMESPACE
     client = make_client(args, namespace=namespace)
     shown = client.backend.describe()
     if not client.backend.capabilities & Capability.CROSS_PROCESS:
         raise Exit(
-            EX_CONFIG,
+            ExitStatus.CONFIG,
             f"demo: {shown} locks live inside one process; the demo needs a lock service "
             f"shared by processes (the embedded SQLite default, or a server URL)",
         )
@@ -109,18 +93,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aiodlock-demo-") as marker_dir:
         results = await _run_workers(args, namespace, marker_dir)
-    records: list[Record] = []
-    collisions = 0
     errors: list[str] = []
-    per_worker: list[int] = []
     for index, result in enumerate(results):
         if "failed" in result:
             errors.append(f"worker {index} failed: {result['failed']}")
-        collisions += int(result["collisions"])
         errors.extend(f"worker {index}: {e}" for e in result["errors"])
-        per_worker.append(len(result["records"]))
-        records.extend(Record(index, *row) for row in result["records"])
-    report = analyse(records, collisions)
+    records = [Record(i, *row) for i, result in enumerate(results) for row in result["records"]]
+    report = analyse(records, sum(result["collisions"] for result in results))
+    per_worker = [len(result["records"]) for result in results]
     report.update(workers=args.workers, per_worker=per_worker, errors=errors)
     report.update(total_time=time.monotonic() - started, url=shown, namespace=namespace)
     report["name"] = args.name
@@ -128,7 +108,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         not errors and not report["overlaps"] and report["tokens_increasing"] and records
     )
     print(json.dumps(report) if args.json else _demo_report(report), flush=True)
-    return EX_OK if report["ok"] else EX_FREE
+    return ExitStatus.OK if report["ok"] else ExitStatus.FREE
 
 
 def _demo_report(report: dict[str, Any]) -> str:
@@ -172,8 +152,8 @@ async def _run_workers(
             for proc in procs:
                 assert proc.stdout is not None
                 if (await proc.stdout.readline()).strip() != b"ready":
-                    why = (await proc.communicate())[1].decode(errors="replace").strip()
-                    raise Exit(EX_UNAVAILABLE, f"demo: a worker failed to start: {why[-2000:]}")
+                    why = (await proc.communicate())[1].decode(errors="replace").strip()[-2000:]
+                    raise Exit(ExitStatus.UNAVAILABLE, f"demo: a worker failed to start: {why}")
         stage = "finish"
         task = {
             "name": args.name,
@@ -187,7 +167,7 @@ async def _run_workers(
             outputs = await asyncio.gather(*(proc.communicate(line) for proc in procs))
     except TimeoutError:
         raise Exit(
-            EX_FREE, f"demo: the workers did not {stage} in time; they were killed"
+            ExitStatus.FREE, f"demo: the workers did not {stage} in time; they were killed"
         ) from None
     finally:
         for proc in procs:
@@ -217,7 +197,7 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
         try:
             task = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
         except ValueError:
-            return EX_CONFIG
+            return ExitStatus.CONFIG
         # A fixed lease: a crashed worker frees the lock within seconds, not watchdog_ttl.
         lock = client.lock(task["name"], ttl=10.0)
         low, high = (ms / 1000 for ms in task["hold_ms"])
@@ -230,13 +210,12 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
                 errors.append(f"acquire: {exc}")
                 break
             entered = time.monotonic()
+            mine = True
             try:
                 os.close(os.open(task["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             except FileExistsError:
                 collisions += 1  # somebody else is inside
                 mine = False
-            else:
-                mine = True
             await asyncio.sleep(random.uniform(low, high))
             if mine:
                 try:
@@ -250,4 +229,4 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
                 errors.append(f"release: {exc}")
             records.append((lease.token, requested, entered, exited))
     print(json.dumps({"records": records, "collisions": collisions, "errors": errors}))
-    return EX_OK
+    return ExitStatus.OK

@@ -1,50 +1,40 @@
-"""The argument parser of the ``aiodlock`` command."""
+"""The argument parser of the ``aiodlock`` command (usage errors exit 2, as argparse's do)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
-from typing import NoReturn
+from collections.abc import Callable
 
 from .. import __version__
-from ._common import DEMO_LOCK, DEMO_NAMESPACE, EX_CONFIG
+from ._common import DEMO_LOCK, DEMO_NAMESPACE
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
-    return value
+def _checked(
+    need: str, ok: Callable[[float], bool], kind: Callable[[str], float] = float
+) -> Callable[[str], float]:
+    """An argparse type: ``kind(text)``, refused unless ``ok`` with a message that says ``need``."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number of seconds"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):  # (NaN passes no comparison)
+            raise argparse.ArgumentTypeError(f"must be {need}, got {text!r}")
+        return value
+
+    return convert
 
 
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors exit with :data:`EX_CONFIG`."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EX_CONFIG, f"{self.prog}: error: {message}\n")
-
+_SECONDS = _checked("0 or more seconds", lambda value: value >= 0)
+_TIMEOUT = _checked(
+    "a finite number of seconds >= 0 (leave out --timeout to wait without limit)",
+    lambda value: 0 <= value < math.inf,
+)
+_POSITIVE_SECONDS = _checked("a finite number of seconds > 0", lambda value: 0 < value < math.inf)
+_POSITIVE_INT = _checked("1 or more", lambda value: value >= 1, int)
 
 _DESCRIPTION = """\
 Distributed locks from the shell.
@@ -64,15 +54,14 @@ examples:
   aiodlock release nightly-backup --force
   aiodlock demo --workers 8
 
-exit statuses: run passes the command's status through; 75 lock not acquired
-in time; 70 lease lost while the command ran; 2 usage or configuration error;
-69 lock service unavailable. See `aiodlock COMMAND --help` and docs/cli.md.
+exit statuses: 2 usage or configuration error, 69 lock service unavailable;
+the others in `aiodlock COMMAND --help` and docs/cli.md.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``aiodlock`` command."""
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="aiodlock",
         description=_DESCRIPTION,
         epilog=_EPILOG,
@@ -81,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
     # The lock service's options, before the command and after it (the parent ``common``,
     # which sets only what is given there: after wins).
-    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     for options in (parser, common.add_argument_group("lock service")):
         options.add_argument(
             "--url",
@@ -99,9 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="say what happens (acquired, released, tokens) on stderr",
         )
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
-    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands.required = True
 
     run = commands.add_parser(
@@ -113,8 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Acquire the lock NAME, run COMMAND while holding it (a watchdog renews the "
             "lease), release it when COMMAND ends. If the lease is lost (server unreachable "
             "for too long, --ttl ran out, force-released) the command gets SIGTERM, then "
-            "SIGKILL after --grace seconds; aiodlock exits 70 whenever the lease was lost "
-            "before the command ended. SIGINT, SIGTERM and SIGHUP are passed on to the "
+            "SIGKILL after --grace seconds. SIGINT, SIGTERM and SIGHUP are passed on to the "
             "command, which sees AIODLOCK_NAME, AIODLOCK_TOKEN (the fencing token) and "
             "AIODLOCK_OWNER in its environment."
         ),
@@ -128,22 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", metavar="NAME", help="the lock name")
     run.add_argument(
         "--timeout",
-        type=_seconds,
+        type=_TIMEOUT,
         metavar="S",
-        help="give up (exit 75) after S seconds; 0 tries once (default: wait forever)",
+        help="give up (exit 75) after S seconds; 0 tries once (default: wait without limit)",
     )
     run.add_argument(
         "--ttl",
-        type=_positive_seconds,
+        type=_POSITIVE_SECONDS,
         metavar="S",
-        help=(
-            "fixed lease of S seconds, never renewed: the command is stopped when it runs "
-            "out (default: a watchdog renews the lease while aiodlock runs)"
-        ),
+        help="a lease of S seconds, never renewed (default: a watchdog renews it)",
     )
     run.add_argument(
         "--grace",
-        type=_seconds,
+        type=_SECONDS,
         default=5.0,
         metavar="S",
         help="after a lost lease, seconds between SIGTERM and SIGKILL (default: 5)",
@@ -191,17 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--workers", type=_positive_int, default=4, metavar="N", help="processes (default: 4)"
+        "--workers", type=_POSITIVE_INT, default=4, metavar="N", help="processes (default: 4)"
     )
     stop = demo.add_mutually_exclusive_group()
     stop.add_argument(
-        "--duration", type=_positive_seconds, metavar="S", help="contend for S seconds (default: 3)"
+        "--duration", type=_POSITIVE_SECONDS, metavar="S", help="contend for S seconds (default: 3)"
     )
     stop.add_argument(
-        "--rounds",
-        type=_positive_int,
-        metavar="N",
-        help="each worker acquires N times instead of a fixed duration",
+        "--rounds", type=_POSITIVE_INT, metavar="N", help="each worker acquires N times instead"
     )
     demo.add_argument(
         "--hold-ms",
@@ -219,16 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    # ``run NAME [options] -- COMMAND ...``: everything after the first ``--`` that follows
-    # ``run`` is the command, verbatim (argparse would otherwise read its options).
-    tail: list[str] | None = None
+    # ``run ... -- COMMAND ...``: everything after the first ``--`` that follows ``run`` is the
+    # command, verbatim (argparse would otherwise read its options).
     if "run" in argv and "--" in argv[argv.index("run") :]:
         cut = argv.index("--", argv.index("run"))
-        argv, tail = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
-    if tail is not None:
-        if args.command != "run":  # "run" was an option's value: parse the whole thing
-            args = parser.parse_args([*argv, "--", *tail])
-        else:
-            args.command_args = [*args.command_args, *tail]
-    return args
+        args = parser.parse_args(argv[:cut])
+        if args.command == "run":  # (else "run" was an option's value: parse the whole thing)
+            args.command_args += argv[cut + 1 :]
+            return args
+    return parser.parse_args(argv)
