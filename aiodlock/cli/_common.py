@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import sys
 from typing import Any
@@ -17,30 +18,21 @@ class ExitStatus(enum.IntEnum):
     """The statuses ``aiodlock`` chooses itself (BSD sysexits where one fits)."""
 
     OK = 0
-    #: ``status``: the lock is free; ``release --force``: there was nothing to release; ``demo``:
-    #: an overlap or a token out of order was seen.
-    FREE = 1
-    #: Usage or configuration error (bad option, bad URL, unknown scheme, missing extra).
-    CONFIG = 2
-    #: The lock service failed or could not be reached (EX_UNAVAILABLE).
-    UNAVAILABLE = 69
-    #: ``run``: the lease was lost before the command ended (EX_SOFTWARE).
-    LOST = 70
-    #: ``run``: the lock was not acquired within ``--timeout``; the command did not run.
-    TEMPFAIL = 75
-    #: ``run``: the command exists but could not be executed (as in a POSIX shell).
-    NOT_EXECUTABLE = 126
-    #: ``run``: the command was not found (as in a POSIX shell).
-    COMMAND_NOT_FOUND = 127
+    FREE = 1  # status: the lock is free; release: nothing to release; demo: a failure seen
+    CONFIG = 2  # usage or configuration error (bad option or URL, unknown scheme, no extra)
+    UNAVAILABLE = 69  # the lock service failed or could not be reached
+    LOST = 70  # run: the lease was lost before the command ended (EX_SOFTWARE)
+    TEMPFAIL = 75  # run: the lock was not acquired within --timeout; the command did not run
+    NOT_EXECUTABLE = 126  # run: the command could not be executed (as in a POSIX shell)
+    COMMAND_NOT_FOUND = 127  # run: the command was not found (as in a POSIX shell)
 
 
+@dataclasses.dataclass(eq=False)
 class Exit(Exception):
     """Leave with ``status`` after printing ``message`` on stderr."""
 
-    def __init__(self, status: int, message: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    status: int
+    message: str
 
 
 def say(message: str) -> None:
