@@ -194,9 +194,7 @@ _BOOLS.update(dict.fromkeys(("0", "false", "no", "off"), False))
 
 
 def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bool:
-    value = options.pop(name, _MISSING)
-    if value is _MISSING:
-        return default
+    value = options.pop(name, default)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in _BOOLS:
@@ -207,9 +205,7 @@ def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bo
 def take_str(
     options: MutableMapping[str, Any], name: str, default: str | None, *, secret: bool = False
 ) -> str | None:
-    value = options.pop(name, _MISSING)
-    if value is _MISSING:
-        return default
+    value = options.pop(name, default)
     if value is None or isinstance(value, str):
         return value
     raise _bad(name, "needs a string", value, secret)

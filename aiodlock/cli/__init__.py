@@ -9,8 +9,7 @@ import logging
 import math
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from .. import BackendError, ConfigurationError, LockError, Unsupported, __version__
 from ._common import DEMO_LOCK, Exit, ExitStatus, fmt_seconds, held_by, make_client, say, shown_url
@@ -70,7 +69,6 @@ the others in `aiodlock COMMAND --help` and docs/cli.md.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``aiodlock`` command."""
     parser = argparse.ArgumentParser(
         prog="aiodlock",
         description=_DESCRIPTION,
@@ -91,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         options.add_argument(
             "-v", "--verbose", action="store_true", help="say what happens on stderr (tokens too)"
         )
+    named = argparse.ArgumentParser(add_help=False)  # (the commands that take a lock name)
+    named.add_argument("name", metavar="NAME", help="the lock name")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands.required = True
 
     run = commands.add_parser(
         "run",
-        parents=[common],
+        parents=[common, named],
         usage="aiodlock run [options] NAME -- COMMAND [ARGS...]",
         help="run a command while holding a lock (like flock(1), across hosts)",
         description=(
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
             "lock service unavailable; 128+N signal N arrived before the command started."
         ),
     )
-    run.add_argument("name", metavar="NAME", help="the lock name")
+    run.set_defaults(handler=cmd_run)
     run.add_argument(
         "--timeout", type=_TIMEOUT, metavar="S", help="give up (exit 75) after S seconds"
     )
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
-        parents=[common],
+        parents=[common, named],
         help="show who holds a lock (exit 0 held, 1 free)",
         description=(
             "Show the holder of the lock NAME (its owner string), its fencing token, the "
@@ -137,12 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Exits 0 when the lock is held and 1 when it is free."
         ),
     )
-    status.add_argument("name", metavar="NAME", help="the lock name")
+    status.set_defaults(handler=cmd_status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
     release = commands.add_parser(
         "release",
-        parents=[common],
+        parents=[common, named],
         help="break a lock whoever holds it (needs --force)",
         description=(
             "Break the lock NAME whoever holds it (an admin operation). The holder is no "
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
             "lock was broken, 1 when NAME was not held, 2 without --force."
         ),
     )
-    release.add_argument("name", metavar="NAME", help="the lock name")
+    release.set_defaults(handler=cmd_release)
     release.add_argument("--force", action="store_true", help="really break the lock (required)")
 
     demo = commands.add_parser(
@@ -161,13 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Start --workers N processes that contend for ONE lock for --duration S seconds "
             "or --rounds N acquisitions each: acquire, a critical section (--hold-ms) with a "
-            "marker file created O_CREAT|O_EXCL, release. The report gives acquisitions, "
-            "overlaps seen (must be 0), whether tokens strictly increase in entry order, "
-            "wait times and hand-off gaps; exit 1 if an overlap, a token out of order or a "
-            f"worker error was seen. Uses the namespace {DEMO_NAMESPACE} unless --namespace "
-            "is given: it never touches your locks."
+            "marker file created O_CREAT|O_EXCL, release. The report gives overlaps (must be "
+            "0), token order, wait times and hand-off gaps; exit 1 on an overlap, a token out "
+            f"of order or a worker error. The namespace is {DEMO_NAMESPACE} unless --namespace "
+            "is given: your locks are never touched."
         ),
     )
+    demo.set_defaults(handler=cmd_demo)
     demo.add_argument("--workers", type=_POSITIVE_INT, default=4, metavar="N", help="(default: 4)")
     stop = demo.add_mutually_exclusive_group()
     stop.add_argument("--duration", type=_POSITIVE_SECONDS, metavar="S", help="(default: 3)")
@@ -183,13 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--name", default=DEMO_LOCK, help=f"lock name (default: {DEMO_LOCK})")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    commands.add_parser("_demo-worker", parents=[common])  # demo's worker (not in the help)
+    commands.add_parser("_demo-worker", parents=[common]).set_defaults(handler=cmd_demo_worker)
     return parser
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    # ``run ... -- COMMAND ...``: everything after the first ``--`` that follows ``run`` is the
-    # command, verbatim (argparse would otherwise read its options).
+    # ``run ... -- COMMAND``: what follows the first ``--`` after ``run`` is read verbatim.
     if "run" in argv and "--" in argv[argv.index("run") :]:
         cut = argv.index("--", argv.index("run"))
         args = parser.parse_args(argv[:cut])
@@ -236,28 +235,17 @@ async def cmd_release(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "run": cmd_run,
-    "status": cmd_status,
-    "release": cmd_release,
-    "demo": cmd_demo,
-    "_demo-worker": cmd_demo_worker,
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``aiodlock`` command; returns the exit status."""
     args = parse_args(build_parser(), list(sys.argv[1:] if argv is None else argv))
     handler = logging.StreamHandler()  # (on stderr, the message alone)
-    if not args.verbose:
-        # The commands say it themselves when a lease is lost ("lost lock ..."): the
-        # library's own warning would print the same news twice.
+    if not args.verbose:  # the commands say "lost lock ..." themselves: no repetition
         handler.addFilter(lambda record: getattr(record, "aiodlock_event", None) != "lost")
     library_log = logging.getLogger("aiodlock")
     library_log.addHandler(handler)
     library_log.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        return asyncio.run(_COMMANDS[args.command](args))
+        return int(asyncio.run(args.handler(args)))
     except Exit as exc:
         say(exc.message)
         return exc.status

@@ -6,9 +6,8 @@ import argparse
 import dataclasses
 import enum
 import sys
-from typing import Any
 
-from .. import Client, ConfigurationError, LockStatus, connect, default_url
+from .. import Client, LockStatus, connect, default_url
 from .._url import parse_url
 
 DEMO_NAMESPACE = DEMO_LOCK = "aiodlock-demo"
@@ -44,16 +43,12 @@ def resolved_url(args: argparse.Namespace) -> str:
 
 
 def shown_url(args: argparse.Namespace) -> str:
-    """The lock service's URL with its password and secret options masked (for messages)."""
-    try:
-        return parse_url(resolved_url(args)).redacted()
-    except ConfigurationError:
-        return "<the URL>"
+    """The URL redacted (connect() has parsed it already: this parse cannot fail)."""
+    return str(parse_url(resolved_url(args)))
 
 
-def make_client(args: argparse.Namespace, **options: Any) -> Client:
-    if args.namespace is not None:
-        options.setdefault("namespace", args.namespace)
+def make_client(args: argparse.Namespace) -> Client:
+    options = {} if args.namespace is None else {"namespace": args.namespace}
     return connect(resolved_url(args), **options)
 
 

@@ -1,5 +1,4 @@
-"""``aiodlock demo``: worker processes (``aiodlock _demo-worker``) contend for one lock; the
-report checks their records (:func:`analyse`)."""
+"""``aiodlock demo``: processes (``aiodlock _demo-worker``) contend for one lock; the report."""
 
 from __future__ import annotations
 
@@ -19,15 +18,13 @@ from typing import Any, NamedTuple
 
 import anyio
 
-import aiodlock
-
 from .. import LockError
 from .._types import Capability
 from ._common import DEMO_NAMESPACE, Exit, ExitStatus, fmt_seconds, make_client, resolved_url, say
 from ._stats import percentile
 
 # On the workers' PYTHONPATH, so that they import this very copy of aiodlock.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiodlock.__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Record(NamedTuple):
@@ -45,11 +42,8 @@ def _ms(value: float | None) -> str:
 def analyse(records: Sequence[Record], collisions: int) -> dict[str, Any]:
     """Overlaps, token order and latencies of the critical sections of a demo run."""
     entries = sorted(records, key=lambda r: r.entered)
-    overlaps = collisions
-    latest_exit = -math.inf
-    for record in entries:
-        overlaps += record.entered < latest_exit
-        latest_exit = max(latest_exit, record.exited)
+    latest = itertools.accumulate((r.exited for r in entries), max, initial=-math.inf)
+    overlaps = collisions + sum(r.entered < end for r, end in zip(entries, latest, strict=False))
     waits = sorted(r.entered - r.requested for r in entries)
     # Hand-off: the lock went from one holder to a worker that was already waiting.
     gaps = sorted(
@@ -71,11 +65,10 @@ def analyse(records: Sequence[Record], collisions: int) -> dict[str, Any]:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    low, high = args.hold_ms
-    if not 0 <= low <= high:
+    if not 0 <= args.hold_ms[0] <= args.hold_ms[1]:
         raise Exit(ExitStatus.CONFIG, "demo: --hold-ms needs 0 <= MIN <= MAX")
-    namespace = args.namespace or DEMO_NAMESPACE
-    client = make_client(args, namespace=namespace)
+    args.namespace = args.namespace or DEMO_NAMESPACE
+    client = make_client(args)
     shown = client.backend.describe()
     if not client.backend.capabilities & Capability.CROSS_PROCESS:
         raise Exit(
@@ -92,7 +85,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aiodlock-demo-") as marker_dir:
-        results = await _run_workers(args, namespace, marker_dir)
+        results = await _run_workers(args, marker_dir)
     errors: list[str] = []
     for index, result in enumerate(results):
         if "failed" in result:
@@ -102,11 +95,10 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     report = analyse(records, sum(result["collisions"] for result in results))
     per_worker = [len(result["records"]) for result in results]
     report.update(workers=args.workers, per_worker=per_worker, errors=errors)
-    report.update(total_time=time.monotonic() - started, url=shown, namespace=namespace)
+    report.update(total_time=time.monotonic() - started, url=shown, namespace=args.namespace)
     report["name"] = args.name
-    report["ok"] = bool(
-        not errors and not report["overlaps"] and report["tokens_increasing"] and records
-    )
+    report["ok"] = bool(records and not errors and not report["overlaps"])
+    report["ok"] = report["ok"] and report["tokens_increasing"]
     print(json.dumps(report) if args.json else _demo_report(report), flush=True)
     return ExitStatus.OK if report["ok"] else ExitStatus.FREE
 
@@ -133,14 +125,12 @@ def _demo_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _run_workers(
-    args: argparse.Namespace, namespace: str, marker_dir: str
-) -> list[dict[str, Any]]:
+async def _run_workers(args: argparse.Namespace, marker_dir: str) -> list[dict[str, Any]]:
     """Each worker's result (``failed``: the end of its stderr, if it failed)."""
     # The URL goes in the environment, not on the command line, where `ps` shows a password.
     env = dict(os.environ, AIODLOCK_URL=resolved_url(args))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_PACKAGE_ROOT, env.get("PYTHONPATH"))))
-    argv = (sys.executable, "-m", "aiodlock", "--namespace", namespace, "_demo-worker")
+    argv = (sys.executable, "-m", "aiodlock", "--namespace", args.namespace, "_demo-worker")
     pipe, spawn = asyncio.subprocess.PIPE, asyncio.create_subprocess_exec
     duration = args.duration if args.duration is not None else (None if args.rounds else 3.0)
     procs: list[asyncio.subprocess.Process] = []

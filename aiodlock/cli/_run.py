@@ -9,7 +9,6 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import anyio
 
@@ -50,16 +49,6 @@ class _Signals:
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        with contextlib.ExitStack() as installed:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self.handle, int(sig))
-                    installed.callback(loop.remove_signal_handler, sig)
-            yield
-
 
 async def cmd_run(args: argparse.Namespace) -> int:
     if not args.command_args:
@@ -70,7 +59,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     signals = _Signals(anyio.CancelScope())
     client = make_client(args)
     lock = client.lock(args.name, ttl=args.ttl, timeout=args.timeout, on_lost="ignore")
-    with signals.installed():
+    loop = asyncio.get_running_loop()
+    with contextlib.ExitStack() as installed:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, signals.handle, int(sig))
+                installed.callback(loop.remove_signal_handler, sig)
         try:
             lease: Lease | None = None
             with signals.cancel_wait:  # a signal before the command starts cancels this
@@ -121,20 +115,16 @@ async def _acquire(client: Client, lock: Lock, args: argparse.Namespace) -> Leas
         if args.timeout == 0:
             raise LockTimeout(f"lock {args.name!r} is busy")
         say(f"waiting for lock {args.name!r}{held_by(await client.status(args.name))}")
-        if args.timeout is None:
-            return await lock.acquire()
-        return await lock.acquire(timeout=max(0.0, args.timeout - (time.monotonic() - started)))
+        left = None if args.timeout is None else args.timeout - (time.monotonic() - started)
+        return await lock.acquire(timeout=None if left is None else max(0.0, left))
     except LockTimeout:
-        raise Exit(ExitStatus.TEMPFAIL, await _busy_message(client, args)) from None
-
-
-async def _busy_message(client: Client, args: argparse.Namespace) -> str:
-    holder = ""
-    with contextlib.suppress(LockError, OSError), anyio.move_on_after(client.config.op_timeout):
-        holder = held_by(await client.status(args.name))
-    if args.timeout == 0:
-        return f"lock {args.name!r} is busy{holder}; the command did not run"
-    return f"lock {args.name!r} not acquired within {args.timeout:g} s{holder}; not run"
+        holder = ""
+        with contextlib.suppress(LockError, OSError), anyio.move_on_after(client.config.op_timeout):
+            holder = held_by(await client.status(args.name))
+        busy = f"is busy{holder}; the command did not run"
+        if args.timeout:
+            busy = f"not acquired within {args.timeout:g} s{holder}; not run"
+        raise Exit(ExitStatus.TEMPFAIL, f"lock {args.name!r} {busy}") from None
 
 
 async def _supervise(args: argparse.Namespace, lease: Lease, signals: _Signals) -> int | None:
