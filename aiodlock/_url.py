@@ -1,6 +1,5 @@
-"""Lock-server URLs (a scheme, hosts, user, password, path and query options) and the
-checked conversion of options.  Secrets (the password, the options :func:`is_secret` names)
-are never shown: ``repr()``, :meth:`ParsedURL.redacted` and errors print ``***`` instead."""
+"""Lock-server URLs and the checked conversion of options.  Secrets (the password, the options
+:func:`is_secret` names) are never shown: reprs, redacted URLs and errors print ``***``."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ SECRET_OPTIONS = ("password", "passwords", "secret", "token", "ssl_keyfile_passw
 
 
 def is_secret(option: str) -> bool:
-    """Does the option ``option`` carry a secret (never to be shown)?"""
     name = option.lower()
     return any(name == s or name.endswith("_" + s) for s in SECRET_OPTIONS)
 
@@ -37,10 +35,11 @@ class ParsedURL:
 
     def redacted(self) -> str:
         """The URL with the password and secret options as ``***`` (for logs and errors)."""
-        auth = ""
-        if self.username is not None or self.password is not None:
-            auth = (self.username or "") + (":***" if self.password is not None else "") + "@"
-        hosts = ",".join(_format_host(h, p) for h, p in self.hosts)
+        auth = (self.username or "") + (":***" if self.password is not None else "")
+        auth += "@" if auth else ""  # (parse_url leaves no empty user name)
+        hosts = ",".join(
+            (f"[{h}]" if ":" in h else h) + ("" if p is None else f":{p}") for h, p in self.hosts
+        )
         query = "&".join(f"{k}={'***' if is_secret(k) else v}" for k, v in self.query.items())
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")
 
@@ -50,13 +49,7 @@ class ParsedURL:
         return f"ParsedURL({self.redacted()!r})"
 
     def host_list(self, default_port: int) -> list[tuple[str, int]]:
-        """Every host with ``default_port`` filled in where the URL gave none."""
         return [(h, p if p is not None else default_port) for h, p in self.hosts]
-
-
-def _format_host(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
 
 
 _ENCODE = (
@@ -88,13 +81,10 @@ def parse_url(url: str) -> ParsedURL:
     keys = (part.partition("=")[0] for part in query_text.split("&"))
     if late_at and ("@" in path + fragment or any("@" in key for key in keys)):
         raise ConfigurationError(f"bad {scheme}:// URL: {_ENCODE}")
-    username: str | None = None
-    password: str | None = None
-    if "@" in netloc:
-        userinfo, netloc = netloc.rsplit("@", 1)
-        user, colon, pw = userinfo.partition(":")
-        username = unquote(user) if user else None
-        password = unquote(pw) if colon else None
+    userinfo, _, netloc = netloc.rpartition("@")
+    user, colon, pw = userinfo.partition(":")
+    username = unquote(user) if user else None
+    password = unquote(pw) if colon else None
     try:
         hosts = tuple(_parse_host(part.strip(), scheme) for part in netloc.split(",") if netloc)
     except ConfigurationError:
@@ -110,8 +100,7 @@ def parse_url(url: str) -> ParsedURL:
 
 
 def sqlite_url(path: str) -> str:
-    """The ``sqlite://`` URL of the file ``path``: ``sqlite:///`` + path, or the option
-    ``path`` (percent-encoded) when the path has a ``?`` or ``#`` (where a URL's path ends)."""
+    """``sqlite:///`` + ``path``, or the option ``path`` when it has a ``?`` or ``#``."""
     if "?" in path or "#" in path:
         return "sqlite://?path=" + quote(path, safe="/")
     return "sqlite:///" + path
@@ -140,8 +129,8 @@ def _parse_host(part: str, scheme: str) -> tuple[str, int | None]:
 _MISSING: Any = object()
 
 
-def _bad(name: str, what: str, value: object) -> ConfigurationError:
-    shown = "***" if is_secret(name) else repr(value)
+def _bad(name: str, what: str, value: object, secret: bool = False) -> ConfigurationError:
+    shown = "***" if secret or is_secret(name) else repr(value)
     return ConfigurationError(f"option {name!r} {what}, got {shown}")
 
 
@@ -205,9 +194,7 @@ _BOOLS.update(dict.fromkeys(("0", "false", "no", "off"), False))
 
 
 def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bool:
-    value = options.pop(name, _MISSING)
-    if value is _MISSING:
-        return default
+    value = options.pop(name, default)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in _BOOLS:
@@ -218,11 +205,7 @@ def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bo
 def take_str(
     options: MutableMapping[str, Any], name: str, default: str | None, *, secret: bool = False
 ) -> str | None:
-    """``secret``: the value is never shown, whatever the option's name (see is_secret)."""
-    value = options.pop(name, _MISSING)
-    if value is _MISSING:
-        return default
+    value = options.pop(name, default)
     if value is None or isinstance(value, str):
         return value
-    shown = "***" if secret or is_secret(name) else repr(value)
-    raise ConfigurationError(f"option {name!r} needs a string, got {shown}")
+    raise _bad(name, "needs a string", value, secret)

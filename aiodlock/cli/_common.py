@@ -3,39 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import sys
-from typing import Any
 
-from .. import Client, ConfigurationError, connect, default_url
+from .. import Client, LockStatus, connect, default_url
 from .._url import parse_url
-
-EX_OK = 0
-#: ``status``: the lock is free; ``release --force``: there was nothing to release; ``demo``:
-#: an overlap or a token out of order was seen.
-EX_FREE = 1
-#: Usage or configuration error (bad option, bad URL, unknown scheme, missing extra).
-EX_CONFIG = 2
-#: The lock service failed or could not be reached (BSD sysexits EX_UNAVAILABLE).
-EX_UNAVAILABLE = 69
-#: ``run``: the lease was lost before the command ended (EX_SOFTWARE).
-EX_LOST = 70
-#: ``run``: the lock was not acquired within ``--timeout``; the command did not run.
-EX_TEMPFAIL = 75
-#: ``run``: the command exists but could not be executed (as in a POSIX shell).
-EX_NOT_EXECUTABLE = 126
-#: ``run``: the command was not found (as in a POSIX shell).
-EX_COMMAND_NOT_FOUND = 127
 
 DEMO_NAMESPACE = DEMO_LOCK = "aiodlock-demo"
 
 
+class ExitStatus(enum.IntEnum):
+    """The statuses ``aiodlock`` chooses itself (BSD sysexits where one fits)."""
+
+    OK = 0
+    FREE = 1  # status: the lock is free; release: nothing to release; demo: a failure seen
+    CONFIG = 2  # usage or configuration error (bad option or URL, unknown scheme, no extra)
+    UNAVAILABLE = 69  # the lock service failed or could not be reached
+    LOST = 70  # run: the lease was lost before the command ended (EX_SOFTWARE)
+    TEMPFAIL = 75  # run: the lock was not acquired within --timeout; the command did not run
+    NOT_EXECUTABLE = 126  # run: the command could not be executed (as in a POSIX shell)
+    COMMAND_NOT_FOUND = 127  # run: the command was not found (as in a POSIX shell)
+
+
+@dataclasses.dataclass(eq=False)
 class Exit(Exception):
     """Leave with ``status`` after printing ``message`` on stderr."""
 
-    def __init__(self, status: int, message: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    status: int
+    message: str
 
 
 def say(message: str) -> None:
@@ -46,17 +42,13 @@ def resolved_url(args: argparse.Namespace) -> str:
     return str(args.url or default_url())
 
 
-def shown_url(url: str) -> str:
-    """``url`` with its password and secret options masked (for messages)."""
-    try:
-        return parse_url(url).redacted()
-    except ConfigurationError:
-        return "<the URL>"
+def shown_url(args: argparse.Namespace) -> str:
+    """The URL redacted (connect() has parsed it already: this parse cannot fail)."""
+    return str(parse_url(resolved_url(args)))
 
 
-def make_client(args: argparse.Namespace, **options: Any) -> Client:
-    if args.namespace is not None:
-        options.setdefault("namespace", args.namespace)
+def make_client(args: argparse.Namespace) -> Client:
+    options = {} if args.namespace is None else {"namespace": args.namespace}
     return connect(resolved_url(args), **options)
 
 
@@ -64,3 +56,7 @@ def fmt_seconds(value: float | None) -> str:
     if value is None:
         return "no fixed end (bound to a server session)"
     return f"{value:.1f} s" if value >= 10 else f"{value:.3f} s"
+
+
+def held_by(status: LockStatus | None) -> str:
+    return "" if status is None else f" (held by {status.owner}, token {status.token})"

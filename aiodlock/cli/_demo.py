@@ -1,9 +1,4 @@
-"""``aiodlock demo``: N worker processes contend for one lock; the report checks them.
-
-The demo (``cmd_demo``) starts the workers as ``python -m aiodlock _demo-worker``
-(``cmd_demo_worker``), starts them together, gathers their records and reports overlaps,
-token order, wait times and hand-off gaps (:func:`analyse`).
-"""
+"""``aiodlock demo``: processes (``aiodlock _demo-worker``) contend for one lock; the report."""
 
 from __future__ import annotations
 
@@ -23,27 +18,13 @@ from typing import Any, NamedTuple
 
 import anyio
 
-import aiodlock
-
 from .. import LockError
 from .._types import Capability
-from ._common import (
-    DEMO_NAMESPACE,
-    EX_CONFIG,
-    EX_FREE,
-    EX_OK,
-    EX_UNAVAILABLE,
-    Exit,
-    fmt_seconds,
-    make_client,
-    resolved_url,
-    say,
-)
+from ._common import DEMO_NAMESPACE, Exit, ExitStatus, fmt_seconds, make_client, resolved_url, say
 from ._stats import percentile
 
-# Put on the demo workers' PYTHONPATH so they import this very copy of aiodlock: the
-# directory that holds the ``aiodlock`` package (wherever this module sits inside it).
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aiodlock.__file__)))
+# On the workers' PYTHONPATH, so that they import this very copy of aiodlock.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Record(NamedTuple):
@@ -61,11 +42,8 @@ def _ms(value: float | None) -> str:
 def analyse(records: Sequence[Record], collisions: int) -> dict[str, Any]:
     """Overlaps, token order and latencies of the critical sections of a demo run."""
     entries = sorted(records, key=lambda r: r.entered)
-    overlaps = collisions
-    latest_exit = -math.inf
-    for record in entries:
-        overlaps += record.entered < latest_exit
-        latest_exit = max(latest_exit, record.exited)
+    latest = itertools.accumulate((r.exited for r in entries), max, initial=-math.inf)
+    overlaps = collisions + sum(r.entered < end for r, end in zip(entries, latest, strict=False))
     waits = sorted(r.entered - r.requested for r in entries)
     # Hand-off: the lock went from one holder to a worker that was already waiting.
     gaps = sorted(
@@ -87,15 +65,14 @@ def analyse(records: Sequence[Record], collisions: int) -> dict[str, Any]:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    low, high = args.hold_ms
-    if not 0 <= low <= high:
-        raise Exit(EX_CONFIG, "demo: --hold-ms needs 0 <= MIN <= MAX")
-    namespace = args.namespace or DEMO_NAMESPACE
-    client = make_client(args, namespace=namespace)
+    if not 0 <= args.hold_ms[0] <= args.hold_ms[1]:
+        raise Exit(ExitStatus.CONFIG, "demo: --hold-ms needs 0 <= MIN <= MAX")
+    args.namespace = args.namespace or DEMO_NAMESPACE
+    client = make_client(args)
     shown = client.backend.describe()
     if not client.backend.capabilities & Capability.CROSS_PROCESS:
         raise Exit(
-            EX_CONFIG,
+            ExitStatus.CONFIG,
             f"demo: {shown} locks live inside one process; the demo needs a lock service "
             f"shared by processes (the embedded SQLite default, or a server URL)",
         )
@@ -108,27 +85,22 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aiodlock-demo-") as marker_dir:
-        results = await _run_workers(args, namespace, marker_dir)
-    records: list[Record] = []
-    collisions = 0
+        results = await _run_workers(args, marker_dir)
     errors: list[str] = []
-    per_worker: list[int] = []
     for index, result in enumerate(results):
         if "failed" in result:
             errors.append(f"worker {index} failed: {result['failed']}")
-        collisions += int(result["collisions"])
         errors.extend(f"worker {index}: {e}" for e in result["errors"])
-        per_worker.append(len(result["records"]))
-        records.extend(Record(index, *row) for row in result["records"])
-    report = analyse(records, collisions)
+    records = [Record(i, *row) for i, result in enumerate(results) for row in result["records"]]
+    report = analyse(records, sum(result["collisions"] for result in results))
+    per_worker = [len(result["records"]) for result in results]
     report.update(workers=args.workers, per_worker=per_worker, errors=errors)
-    report.update(total_time=time.monotonic() - started, url=shown, namespace=namespace)
+    report.update(total_time=time.monotonic() - started, url=shown, namespace=args.namespace)
     report["name"] = args.name
-    report["ok"] = bool(
-        not errors and not report["overlaps"] and report["tokens_increasing"] and records
-    )
+    report["ok"] = bool(records and not errors and not report["overlaps"])
+    report["ok"] = report["ok"] and report["tokens_increasing"]
     print(json.dumps(report) if args.json else _demo_report(report), flush=True)
-    return EX_OK if report["ok"] else EX_FREE
+    return ExitStatus.OK if report["ok"] else ExitStatus.FREE
 
 
 def _demo_report(report: dict[str, Any]) -> str:
@@ -153,14 +125,12 @@ def _demo_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _run_workers(
-    args: argparse.Namespace, namespace: str, marker_dir: str
-) -> list[dict[str, Any]]:
+async def _run_workers(args: argparse.Namespace, marker_dir: str) -> list[dict[str, Any]]:
     """Each worker's result (``failed``: the end of its stderr, if it failed)."""
     # The URL goes in the environment, not on the command line, where `ps` shows a password.
     env = dict(os.environ, AIODLOCK_URL=resolved_url(args))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_PACKAGE_ROOT, env.get("PYTHONPATH"))))
-    argv = (sys.executable, "-m", "aiodlock", "--namespace", namespace, "_demo-worker")
+    argv = (sys.executable, "-m", "aiodlock", "--namespace", args.namespace, "_demo-worker")
     pipe, spawn = asyncio.subprocess.PIPE, asyncio.create_subprocess_exec
     duration = args.duration if args.duration is not None else (None if args.rounds else 3.0)
     procs: list[asyncio.subprocess.Process] = []
@@ -172,8 +142,8 @@ async def _run_workers(
             for proc in procs:
                 assert proc.stdout is not None
                 if (await proc.stdout.readline()).strip() != b"ready":
-                    why = (await proc.communicate())[1].decode(errors="replace").strip()
-                    raise Exit(EX_UNAVAILABLE, f"demo: a worker failed to start: {why[-2000:]}")
+                    why = (await proc.communicate())[1].decode(errors="replace").strip()[-2000:]
+                    raise Exit(ExitStatus.UNAVAILABLE, f"demo: a worker failed to start: {why}")
         stage = "finish"
         task = {
             "name": args.name,
@@ -187,7 +157,7 @@ async def _run_workers(
             outputs = await asyncio.gather(*(proc.communicate(line) for proc in procs))
     except TimeoutError:
         raise Exit(
-            EX_FREE, f"demo: the workers did not {stage} in time; they were killed"
+            ExitStatus.FREE, f"demo: the workers did not {stage} in time; they were killed"
         ) from None
     finally:
         for proc in procs:
@@ -217,7 +187,7 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
         try:
             task = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
         except ValueError:
-            return EX_CONFIG
+            return ExitStatus.CONFIG
         # A fixed lease: a crashed worker frees the lock within seconds, not watchdog_ttl.
         lock = client.lock(task["name"], ttl=10.0)
         low, high = (ms / 1000 for ms in task["hold_ms"])
@@ -230,13 +200,12 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
                 errors.append(f"acquire: {exc}")
                 break
             entered = time.monotonic()
+            mine = True
             try:
                 os.close(os.open(task["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             except FileExistsError:
                 collisions += 1  # somebody else is inside
                 mine = False
-            else:
-                mine = True
             await asyncio.sleep(random.uniform(low, high))
             if mine:
                 try:
@@ -250,4 +219,4 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
                 errors.append(f"release: {exc}")
             records.append((lease.token, requested, entered, exited))
     print(json.dumps({"records": records, "collisions": collisions, "errors": errors}))
-    return EX_OK
+    return ExitStatus.OK

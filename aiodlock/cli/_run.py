@@ -9,21 +9,11 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import anyio
 
 from .. import BackendError, Client, Lease, Lock, LockError, LockLost, LockTimeout
-from ._common import (
-    EX_COMMAND_NOT_FOUND,
-    EX_CONFIG,
-    EX_LOST,
-    EX_NOT_EXECUTABLE,
-    EX_TEMPFAIL,
-    Exit,
-    make_client,
-    say,
-)
+from ._common import Exit, ExitStatus, held_by, make_client, say
 
 
 def _terminal_sends_to_child() -> bool:
@@ -59,41 +49,36 @@ class _Signals:
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        with contextlib.ExitStack() as installed:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self.handle, int(sig))
-                    installed.callback(loop.remove_signal_handler, sig)
-            yield
-
 
 async def cmd_run(args: argparse.Namespace) -> int:
     if not args.command_args:
         raise Exit(
-            EX_CONFIG,
+            ExitStatus.CONFIG,
             "run: no command given; usage: aiodlock run NAME [options] -- COMMAND [ARGS...]",
         )
     signals = _Signals(anyio.CancelScope())
     client = make_client(args)
     lock = client.lock(args.name, ttl=args.ttl, timeout=args.timeout, on_lost="ignore")
-    with signals.installed():
+    loop = asyncio.get_running_loop()
+    with contextlib.ExitStack() as installed:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, signals.handle, int(sig))
+                installed.callback(loop.remove_signal_handler, sig)
         try:
             lease: Lease | None = None
             with signals.cancel_wait:  # a signal before the command starts cancels this
                 await client.open()
                 lease = await _acquire(client, lock, args)
-            if lease is None or signals.received is not None:
+            if signals.received is not None:  # (the only reason for a lease still None)
                 if lease is not None:
                     await lock.release()
-                received = signals.received or int(signal.SIGINT)
                 raise Exit(
-                    128 + received,
-                    f"{signal.Signals(received).name} while waiting for lock "
+                    128 + signals.received,
+                    f"{signal.Signals(signals.received).name} while waiting for lock "
                     f"{args.name!r}; the command did not run",
                 )
+            assert lease is not None
             if args.verbose:
                 say(f"acquired lock {args.name!r} (token {lease.token}, owner {lease.owner})")
             try:
@@ -107,13 +92,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
                     if args.verbose and not lease.lost:
                         say(f"released lock {args.name!r}")
             if status is None:
-                return EX_LOST
+                return ExitStatus.LOST
             if lease.lost:  # the command ran unprotected for a while: that is what counts
                 say(
                     f"lost lock {args.name!r} ({lease.lost_reason}) before the command ended "
                     f"(its status: {status})"
                 )
-                return EX_LOST
+                return ExitStatus.LOST
             return status
         finally:
             await client.close()
@@ -129,27 +114,17 @@ async def _acquire(client: Client, lock: Lock, args: argparse.Namespace) -> Leas
             return lease
         if args.timeout == 0:
             raise LockTimeout(f"lock {args.name!r} is busy")
-        holder = await client.status(args.name)
-        say(
-            f"waiting for lock {args.name!r}"
-            + (f" (held by {holder.owner}, token {holder.token})" if holder else "")
-        )
-        if args.timeout is None:
-            return await lock.acquire()
-        return await lock.acquire(timeout=max(0.0, args.timeout - (time.monotonic() - started)))
+        say(f"waiting for lock {args.name!r}{held_by(await client.status(args.name))}")
+        left = None if args.timeout is None else args.timeout - (time.monotonic() - started)
+        return await lock.acquire(timeout=None if left is None else max(0.0, left))
     except LockTimeout:
-        raise Exit(EX_TEMPFAIL, await _busy_message(client, args)) from None
-
-
-async def _busy_message(client: Client, args: argparse.Namespace) -> str:
-    holder = ""
-    with contextlib.suppress(LockError, OSError), anyio.move_on_after(client.config.op_timeout):
-        status = await client.status(args.name)
-        if status is not None:
-            holder = f" (held by {status.owner}, token {status.token})"
-    if args.timeout == 0:
-        return f"lock {args.name!r} is busy{holder}; the command did not run"
-    return f"lock {args.name!r} not acquired within {args.timeout:g} s{holder}; not run"
+        holder = ""
+        with contextlib.suppress(LockError, OSError), anyio.move_on_after(client.config.op_timeout):
+            holder = held_by(await client.status(args.name))
+        busy = f"is busy{holder}; the command did not run"
+        if args.timeout:
+            busy = f"not acquired within {args.timeout:g} s{holder}; not run"
+        raise Exit(ExitStatus.TEMPFAIL, f"lock {args.name!r} {busy}") from None
 
 
 async def _supervise(args: argparse.Namespace, lease: Lease, signals: _Signals) -> int | None:
@@ -160,9 +135,9 @@ async def _supervise(args: argparse.Namespace, lease: Lease, signals: _Signals) 
     try:
         child = await asyncio.create_subprocess_exec(*command, env=env)
     except FileNotFoundError:
-        raise Exit(EX_COMMAND_NOT_FOUND, f"command not found: {command[0]}") from None
+        raise Exit(ExitStatus.COMMAND_NOT_FOUND, f"command not found: {command[0]}") from None
     except OSError as exc:
-        raise Exit(EX_NOT_EXECUTABLE, f"cannot run {command[0]}: {exc.strerror}") from None
+        raise Exit(ExitStatus.NOT_EXECUTABLE, f"cannot run {command[0]}: {exc.strerror}") from None
     signals.child = child
     if signals.received is not None:  # arrived while the command was being started
         signals.handle(signals.received)
@@ -172,7 +147,6 @@ async def _supervise(args: argparse.Namespace, lease: Lease, signals: _Signals) 
         await asyncio.wait({waiting, lost}, return_when=asyncio.FIRST_COMPLETED)
         if child.returncode is not None:
             return _exit_status(child.returncode)
-        # The lease is gone: the command runs unprotected.  Stop it.
         say(
             f"lost lock {args.name!r} ({lease.lost_reason}); stopping the command "
             f"(SIGTERM, SIGKILL after {args.grace:g} s)"

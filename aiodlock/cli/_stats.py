@@ -1,6 +1,5 @@
-"""The percentile of the demo's report and of the benchmarks (``benchmarks/stats.py``):
-linear interpolation between the closest ranks (numpy's default), as the recorded benchmark
-results were computed."""
+"""The percentile of the demo's report and the benchmarks: linear interpolation between the
+closest ranks (numpy's default), as the recorded benchmark results were computed."""
 
 from __future__ import annotations
 

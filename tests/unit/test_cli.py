@@ -187,14 +187,14 @@ def test_usage_errors_exit_2(env: dict[str, str]) -> None:
 
 def test_parse_splits_the_command_at_the_first_double_dash() -> None:
     parser = cli.build_parser()
-    args = cli._parse(parser, ["run", "job", "--ttl", "3", "--", "ls", "--url", "-l", "--"])
+    args = cli.parse_args(parser, ["run", "job", "--ttl", "3", "--", "ls", "--url", "-l", "--"])
     assert args.name == "job"
     assert args.ttl == 3.0
     assert args.command_args == ["ls", "--url", "-l", "--"]
     assert args.url is None
-    after = cli._parse(parser, ["--url", "memory://a", "status", "s", "--url", "memory://b"])
+    after = cli.parse_args(parser, ["--url", "memory://a", "status", "s", "--url", "memory://b"])
     assert after.url == "memory://b"
-    before = cli._parse(parser, ["--url", "memory://a", "status", "run", "--json"])
+    before = cli.parse_args(parser, ["--url", "memory://a", "status", "run", "--json"])
     assert (before.url, before.name, before.command) == ("memory://a", "run", "status")
 
 
@@ -222,7 +222,9 @@ def test_password_never_printed(tmp_path: Path) -> None:
         "mysql://user:s3cretpw@127.0.0.1:1/db?connect_timeout=0.5",
     ):
         result = run_cli(env, "--url", url, "status", "x")
-        assert result.returncode in (cli.EX_CONFIG, cli.EX_UNAVAILABLE), result.stderr
+        assert result.returncode in (cli.ExitStatus.CONFIG, cli.ExitStatus.UNAVAILABLE), (
+            result.stderr
+        )
         assert "s3cretpw" not in result.stderr + result.stdout
 
 
@@ -233,7 +235,7 @@ def test_a_password_given_as_a_query_option_is_never_printed(tmp_path: Path) -> 
         "redis://127.0.0.1:1/0?username=alice&password=S3CRET&connect_timeout=0.5",
     ):
         result = run_cli(env, "--url", url, "-v", "status", "x")
-        assert result.returncode == cli.EX_UNAVAILABLE, result.stderr
+        assert result.returncode == cli.ExitStatus.UNAVAILABLE, result.stderr
         assert "password=***" in result.stderr
         assert "S3CRET" not in result.stderr + result.stdout
 
@@ -242,7 +244,7 @@ def test_a_raw_slash_in_a_password_is_refused_without_echoing_it(tmp_path: Path)
     env = _env(tmp_path, None)
     for url in ("zookeeper://alice:pa/SECRET@h", "redis://alice:pa/SECRET@h:6379/0"):
         result = run_cli(env, "--url", url, "status", "x")
-        assert result.returncode == cli.EX_CONFIG, result.stderr
+        assert result.returncode == cli.ExitStatus.CONFIG, result.stderr
         assert "percent-encoded" in result.stderr
         for part in ("alice", "pa/", "SECRET", "bad port"):
             assert part not in result.stderr, result.stderr
@@ -256,7 +258,7 @@ def test_run_exits_70_when_only_the_release_finds_the_lease_lost(
     forced = run_cli(env, "release", "gone", "--force")
     assert forced.returncode == 0, forced.stderr
     status, err = holder.stop()  # the command ends with 0, before any renewal
-    assert status == cli.EX_LOST, err
+    assert status == cli.ExitStatus.LOST, err
     assert "lost lock 'gone'" in err
     assert "its status: 0" in err
     assert "released lock" not in err
@@ -266,7 +268,7 @@ def test_unusable_sqlite_file_exits_69(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     result = run_cli(_env(tmp_path, f"sqlite:///{blocker}/locks.db"), "status", "x")
-    assert result.returncode == cli.EX_UNAVAILABLE, result.stderr
+    assert result.returncode == cli.ExitStatus.UNAVAILABLE, result.stderr
     assert "aiodlock:" in result.stderr
 
 
@@ -291,14 +293,14 @@ def test_run_passes_the_exit_status_and_lock_env(env: dict[str, str], tmp_path: 
     assert second.returncode == 0, second.stderr
     assert int(out.read_text()) > int(token)  # a new acquisition, a larger fencing token
     # The lock was released when the command ended.
-    assert run_cli(env, "status", "job").returncode == cli.EX_FREE
+    assert run_cli(env, "status", "job").returncode == cli.ExitStatus.FREE
 
 
 def test_run_command_not_found_exits_127(env: dict[str, str]) -> None:
     result = run_cli(env, "run", "job", "--", "/nonexistent/command")
-    assert result.returncode == cli.EX_COMMAND_NOT_FOUND
+    assert result.returncode == cli.ExitStatus.COMMAND_NOT_FOUND
     assert "not found" in result.stderr
-    assert run_cli(env, "status", "job").returncode == cli.EX_FREE
+    assert run_cli(env, "status", "job").returncode == cli.ExitStatus.FREE
 
 
 def test_run_exits_75_when_the_lock_is_held_elsewhere(
@@ -308,12 +310,12 @@ def test_run_exits_75_when_the_lock_is_held_elsewhere(
     holders.append(holder)
     marker = tmp_path / "ran"
     once = run_cli(env, "run", "busy", "--timeout", "0", "--", "touch", str(marker))
-    assert once.returncode == cli.EX_TEMPFAIL, once.stderr
+    assert once.returncode == cli.ExitStatus.TEMPFAIL, once.stderr
     assert holder.owner in once.stderr  # the message names the holder
     started = time.monotonic()
     waited = run_cli(env, "run", "busy", "--timeout", "0.5", "--", "touch", str(marker))
     elapsed = time.monotonic() - started
-    assert waited.returncode == cli.EX_TEMPFAIL, waited.stderr
+    assert waited.returncode == cli.ExitStatus.TEMPFAIL, waited.stderr
     assert elapsed >= 0.5
     assert not marker.exists()  # the command never ran
     assert holder.stop()[0] == 0
@@ -331,14 +333,14 @@ def test_url_before_or_after_the_command(
     after = run_cli(env, "status", "where", "--url", db_url)
     assert before.returncode == after.returncode == 0, before.stderr + after.stderr
     default = run_cli(env, "status", "where")
-    assert default.returncode == cli.EX_FREE, default.stderr  # another database
+    assert default.returncode == cli.ExitStatus.FREE, default.stderr  # another database
     assert (tmp_path / "cache" / "aiodlock" / "locks.db").exists()
     # The environment variable is used when there is no --url.
     assert run_cli(_env(tmp_path, db_url), "status", "where").returncode == 0
     # --url after the command wins over --url before it.
     other = f"sqlite:///{tmp_path / 'other.db'}"
     both = run_cli(env, "--url", db_url, "status", "where", "--url", other)
-    assert both.returncode == cli.EX_FREE
+    assert both.returncode == cli.ExitStatus.FREE
 
 
 def test_status_names_the_holder(
@@ -360,7 +362,7 @@ def test_status_names_the_holder(
     assert 0 < data["expires_in"] <= 30.0
     holder.stop()
     free = run_cli(env, "status", "st", "--json")
-    assert free.returncode == cli.EX_FREE
+    assert free.returncode == cli.ExitStatus.FREE
     assert json.loads(free.stdout) == {"name": "st", "held": False}
 
 
@@ -380,12 +382,12 @@ def test_release_needs_force_and_breaks_a_held_lock(
     assert holder.owner in forced.stdout
     # The holder learns it lost the lock at its next renewal and stops its command.
     status, err = holder.wait(timeout=30)
-    assert status == cli.EX_LOST, err
+    assert status == cli.ExitStatus.LOST, err
     assert "lost lock 'rel'" in err
     assert err.count("'rel'") == err.count("lost lock 'rel'"), err  # said once, not twice
     assert not pid_alive(holder.child_pid)
     again = run_cli(env, "release", "rel", "--force")
-    assert again.returncode == cli.EX_FREE
+    assert again.returncode == cli.ExitStatus.FREE
     assert "not held" in again.stdout
 
 
@@ -403,7 +405,7 @@ def test_fixed_ttl_running_out_stops_the_command(env: dict[str, str], tmp_path: 
         "-c",
         f"echo $$ > {pidfile}; exec sleep 30",
     )
-    assert result.returncode == cli.EX_LOST, result.stderr
+    assert result.returncode == cli.ExitStatus.LOST, result.stderr
     assert time.monotonic() - started < 20  # stopped long before sleep 30 ended
     assert "ran out" in result.stderr
     assert not pid_alive(int(pidfile.read_text()))
@@ -427,7 +429,7 @@ def test_command_ignoring_sigterm_is_killed_after_the_grace_period(
         "-c",
         f"trap '' TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done",
     )
-    assert result.returncode == cli.EX_LOST, result.stderr
+    assert result.returncode == cli.ExitStatus.LOST, result.stderr
     assert "status: 137" in result.stderr  # SIGKILL
     assert not pid_alive(int(pidfile.read_text()))
 
@@ -440,7 +442,7 @@ def test_sigterm_is_forwarded_to_the_command(
     holder.proc.send_signal(signal.SIGTERM)
     status, err = holder.wait()
     assert status == 42, err  # the command's own status after the forwarded signal
-    assert run_cli(env, "status", "fwd").returncode == cli.EX_FREE  # released
+    assert run_cli(env, "status", "fwd").returncode == cli.ExitStatus.FREE  # released
 
 
 def test_signal_while_waiting_gives_up_without_running(
@@ -511,7 +513,7 @@ def test_demo_refuses_in_process_memory(tmp_path: Path) -> None:
 
 
 def test_demo_analysis_detects_overlaps_and_token_disorder() -> None:
-    record = cli._Record
+    record = cli.Record
     clean = [record(0, 1, 0.0, 0.1, 0.2), record(1, 2, 0.0, 0.3, 0.4)]
     report = cli.analyse(clean, collisions=0)
     assert report["overlaps"] == 0
