@@ -119,7 +119,6 @@ class Client:
         self._backend = backend
         self._config = backend.config
         self._default_acquire = type(backend).acquire is Backend.acquire
-        #: This client's waiting owners: hand-offs between its tasks (see _local).
         self._local = LocalWaiters(
             backend,
             window=min(0.1, self._config.op_timeout),
@@ -140,18 +139,14 @@ class Client:
         self._owner_seq = 0
         #: (name, owner) -> done when that ``owner=`` key's acquire in flight ends.
         self._claims: dict[tuple[str, str], asyncio.Future[None]] = {}
-        #: The loop that opened the client (None while it is not open).
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: Closed: the tasks' end callbacks were removed (see _watch_tasks).
-        self._unwatched = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # (the loop that opened it)
         self._state: Literal["new", "open", "closing", "closed"] = "new"
-        #: Tasks inside acquire() past the open check: close() ends their waits.
+        #: Tasks inside acquire() past the open check, and those close() cancelled.
         self._acquiring = InFlight()
-        #: The tasks close() cancelled to end their acquire (they raise LockError instead).
         self._ended_by_close: set[asyncio.Task[Any]] = set()
         #: Holds whose server release is under way (close() lets them finish first).
         self._releasing = InFlight()
-        self._open_lock: asyncio.Lock | None = None
+        self._open_lock = asyncio.Lock()
         self._watchdog = Watchdog(
             backend,
             self._config,
@@ -165,7 +160,6 @@ class Client:
 
     @property
     def backend(self) -> Backend:
-        """The backend object (for advanced use and tests)."""
         return self._backend
 
     @property
@@ -186,8 +180,6 @@ class Client:
             return
         if self._state == "closing":
             raise LockError("the client is closing; open it again once close() has returned")
-        if self._open_lock is None:
-            self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if self.is_open:  # opened by another task meanwhile
                 return
@@ -206,21 +198,16 @@ class Client:
                         f"{self._backend.describe()} within {self._config.connect_timeout} s"
                     ) from exc
                 raise
+            if self._state == "closed":
+                self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._state = "open"
             self._loop = asyncio.get_running_loop()
-            if self._unwatched:
-                self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._watchdog.start()
 
     async def close(self) -> None:
-        """End every wait of this client's tasks, release every lock it holds, stop the
-        watchdog, disconnect.
-
-        Tasks waiting in an acquire get :class:`LockError`; a body still running under one
-        of this client's locks sees the lease as lost.  When this returns, nothing of the
-        client is left on the server.  A closed client refuses new acquisitions until
-        :meth:`open` is called again.
-        """
+        """End every wait (it raises :class:`LockError`), release every lock (a body still
+        running sees its lease as lost), stop the watchdog, disconnect: nothing of the client
+        is left on the server.  A closed client refuses acquisitions until reopened."""
         self._here()
         if self._state != "open":
             return
@@ -233,7 +220,14 @@ class Client:
             # through the open backend (a grant on its way is given back); then the holds
             # are released, and no local waiter is left to hand one to; the backend closes
             # last, once the releases begun by cancelled tasks are through as well.
-            await self._end_acquires()
+            # (each acquire's clean-up is bounded by op_timeout)
+            current = asyncio.current_task()
+            for task in self._acquiring:
+                assert isinstance(task, asyncio.Task)
+                if task is not current and not task.done():
+                    self._ended_by_close.add(task)
+                    task.cancel("aiodlock: the client was closed")
+            await self._acquiring.drained(self._config.op_timeout * 3)
             holds = [h for h in self._holds.values() if not h.server_released]
             for hold in holds:
                 self._mark_lost(hold, "the client was closed while the lock was held")
@@ -254,61 +248,15 @@ class Client:
                 log.warning("aiodlock: closing the backend failed", exc_info=True)
             finally:
                 self._state = "closed"
-                self._loop = self._open_lock = None
-
-    async def _end_acquires(self) -> None:
-        """Cancel every acquire in flight (it raises LockError) and wait until each has
-        cleaned up after itself (bounded: each clean-up is bounded by op_timeout)."""
-        current = asyncio.current_task()
-        for task in self._acquiring:
-            assert isinstance(task, asyncio.Task)
-            if task is not current and not task.done():
-                self._ended_by_close.add(task)
-                task.cancel("aiodlock: the client was closed")
-        await self._acquiring.drained(self._config.op_timeout * 3)
-
-    async def _give_back(self, task: asyncio.Task[Any], grant: Grant | None, name: str) -> None:
-        """An acquire answered while close() runs: give the grant back through the backend,
-        which close() keeps open until this is done, and raise LockError."""
-        try:
-            if task in self._ended_by_close:
-                # close() cancelled the task as the answer came: that cancellation is still
-                # on its way.  Take it here, where it is ours.
-                self._ended_by_close.discard(task)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.sleep(0)
-                task.uncancel()
-            if grant is not None:
-                await self._release_shielded(grant, "giving back at close")
-        finally:
-            self._acquiring.discard(task)
-        raise LockError(f"the client was closed while acquiring {name!r}")
-
-    async def _release_shielded(self, grant: Grant, what: str) -> None:
-        """Release ``grant`` shielded from cancellation, bounded by op_timeout."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-            try:
-                await self._backend.release(grant)
-            except Exception:
-                # (the server may have done it: a reply lost, a timeout)
-                log.warning(
-                    "aiodlock: %s %r failed; unless the server did it, the lock stays held "
-                    "until its lease ends",
-                    what,
-                    grant.name,
-                    exc_info=True,
-                )
+                self._loop = None
+                self._open_lock = asyncio.Lock()  # (the next open may be in another loop)
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
-        self._unwatched = not on
         for ref in list(self._owners):
             task = ref()
             if task is not None and not task.done():
-                if on:
-                    task.add_done_callback(self._task_ended)
-                else:
-                    task.remove_done_callback(self._task_ended)
+                (task.add_done_callback if on else task.remove_done_callback)(self._task_ended)
 
     async def __aenter__(self) -> Client:
         await self.open()
@@ -415,15 +363,6 @@ class Client:
                 f"order (fair=True)"
             )
 
-    def current_owner(self, key: str | None = None) -> str:
-        """The owner string of ``owner=key``, or else of the calling asyncio task."""
-        if key is not None:
-            return f"{self.id}/{key}"
-        task = asyncio.current_task()
-        if task is None:
-            raise LockError("aiodlock locks must be used from inside an asyncio task")
-        return self._owner_of(task)
-
     def _owner_of(self, task: asyncio.Task[Any]) -> str:
         owner = self._owners.get(weakref.ref(task))
         if owner is None:
@@ -431,7 +370,7 @@ class Client:
             owner = f"{self.id}:{self._owner_seq}"
             self._owners[weakref.ref(task, self._owner_gone)] = owner
             # One callback per task (not per hold): it releases what the task still holds.
-            if not self._unwatched:
+            if self._state in ("new", "open"):  # (else they are watched once reopened)
                 task.add_done_callback(self._task_ended)
         return owner
 
@@ -502,23 +441,28 @@ class Client:
                     grant = await acquire_loop(backend, request, deadline, first, started, local)
             else:
                 grant = await backend.acquire(request, deadline)
+            if self._state != "open":
+                # close() began as the answer came: give it back (below) and raise LockError.
+                # close()'s cancellation of this task may still be on its way: take it here.
+                if task in self._ended_by_close:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0)
+                self._ended_by_close.add(task)
+                raise asyncio.CancelledError
         except BaseException as exc:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
             await self._abandon(request)
-            self._acquiring.discard(task)
             if isinstance(exc, asyncio.CancelledError) and task in self._ended_by_close:
                 self._ended_by_close.discard(task)
                 if task.uncancel() == 0:  # (no other cancellation pending: ours only)
                     raise LockError(f"the client was closed while acquiring {name!r}") from None
             raise
         finally:
+            self._acquiring.discard(task)
             if key is not None:
                 # (its other tasks wake at the next loop turn: the hold is registered by then)
                 self._claims.pop((name, owner)).set_result(None)
-        if self._state != "open":
-            await self._give_back(task, grant, name)
-        self._acquiring.discard(task)
         if grant is None:
             notify(self._observers, "on_timeout", name, owner, monotonic() - started)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
@@ -625,11 +569,8 @@ class Client:
         raise_errors: bool = False,
         started: Awaitable[bool] | None = None,
     ) -> None:
-        """Release ``hold`` on the server once; a cancellation cannot stop it half-way.
-
-        ``started``: the release, already begun by :meth:`Backend.start_release` (the hold
-        is then marked and untracked already).
-        """
+        """Release ``hold`` on the server once (``started``: begun already by
+        :meth:`_begin_server_release`); a cancellation cannot stop it half-way."""
         if started is None:
             started = self._begin_server_release(hold)
             if started is None:
@@ -657,7 +598,16 @@ class Client:
         except BaseException:
             # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
             # shielded and bounded, then let the cancellation go on.
-            await self._release_shielded(hold.grant, "releasing")
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                try:
+                    await self._backend.release(hold.grant)
+                except Exception:
+                    log.warning(
+                        "aiodlock: releasing %r failed; unless the server did it, the lock "
+                        "stays held until its lease ends",
+                        hold.name,
+                        exc_info=True,
+                    )
             raise
         finally:
             self._releasing.discard(hold)
@@ -691,12 +641,8 @@ class Client:
                 self._mark_lost(hold, reason)
 
     def _mark_lost(self, hold: Hold, reason: str, *, at_release: bool = False) -> None:
-        """Apply the lock's ``on_lost`` policy once.
-
-        ``at_release``: the release itself found the lease gone (expired, taken over or
-        force-released, and no renewal noticed it before): the holding was not protected
-        to its end, so it counts as lost although the server release has begun.
-        """
+        """Apply the lock's ``on_lost`` policy once.  ``at_release``: the release found the
+        lease gone, so the holding was not protected to its end: lost, though released."""
         if hold.lost or (hold.server_released and not at_release):
             return
         hold.lost_reason = reason

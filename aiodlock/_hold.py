@@ -1,8 +1,4 @@
-"""Layer 2: one owner's holding of one name in a client, and what a lease reads after it.
-
-A :class:`Hold` is shared by the reentrant acquires of its owner; the client's table of
-holds, the watchdog and the :class:`~aiodlock.Lease` handed to the caller all refer to it.
-"""
+"""Layer 2: one owner's holding of one name in a client, and what a lease reads after it."""
 
 from __future__ import annotations
 
@@ -29,7 +25,8 @@ def check_on_lost(on_lost: object) -> OnLost:
 
 @dataclasses.dataclass(slots=True, eq=False, weakref_slot=True)
 class Hold:
-    """One owner's holding of one name in this client (shared by reentrant acquires)."""
+    """One owner's holding of one name (shared by reentrant acquires; the client's table, the
+    watchdog and the :class:`~aiodlock.Lease` refer to it)."""
 
     grant: Grant
     ttl: float
@@ -62,8 +59,7 @@ class Hold:
         self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl)
 
     def end(self) -> None:
-        """The holding is over: its lease reads a copy of the final state from now on (the
-        hold and its lease no longer refer to each other, see :class:`Ended`)."""
+        """The holding is over: its lease reads a copy of the final state (:class:`Ended`)."""
         settle(self.lease, Ended(self))
 
     @property
@@ -79,13 +75,9 @@ class Hold:
 
 
 class Ended:
-    """What a :class:`Lease` reads once its holding is over: a copy of the final state.
-
-    The live hold and its lease refer to each other; replacing the lease's side by this copy
-    when the holding ends breaks that cycle, so a finished lock cycle is freed by reference
-    counting and leaves nothing for the cyclic garbage collector (whose full collections
-    stall the event loop).
-    """
+    """What a :class:`Lease` reads once its holding is over: a copy of the final state.  It
+    breaks the hold <-> lease cycle, so a finished holding is freed by reference counting
+    (the cyclic garbage collector's full collections stall the event loop)."""
 
     __slots__ = ("expires_at", "lost", "lost_reason")
 

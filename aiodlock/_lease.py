@@ -14,10 +14,8 @@ __all__ = ["Lease", "LockStatus", "holding", "settle"]
 
 
 class Lease:
-    """One holding of a lock by one owner (an asyncio task of a client).
-
-    A nested (reentrant) acquire by the same task returns the same ``Lease``.
-    """
+    """One holding of a lock by one owner (a task, or an ``owner=`` key, of a client); a
+    reentrant acquire by the same owner returns the same ``Lease``."""
 
     __slots__ = ("_hold", "name", "owner", "token", "ttl")
 
@@ -52,10 +50,8 @@ class Lease:
 
     @property
     def expires_in(self) -> float | None:
-        """Seconds of guaranteed validity left (0.0 once lost or released).
-
-        ``None`` when the lease is bound to a server session that has no fixed end.
-        """
+        """Seconds of guaranteed validity left (0.0 once lost or released; ``None`` when the
+        lease is bound to a server session that has no fixed end)."""
         hold = self._hold
         if hold.lost or hold.released:
             return 0.0
