@@ -333,7 +333,8 @@ class Client:
         """
         from ._decorators import LockedDecorator
 
-        return LockedDecorator(self, key, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        lock = functools.partial(self.lock, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        return LockedDecorator(key, lock)
 
     async def status(self, name: str) -> LockStatus | None:
         """Who holds ``name`` right now (in any process), or ``None``."""
@@ -384,17 +385,9 @@ class Client:
         hold = None if owner is None else self._holds.get((name, owner))
         return hold if hold is not None and not hold.released else None
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: float | None,
-        timeout: float | None,
-        fair: bool,
-        on_lost: OnLost,
-        key: str | None = None,
-    ) -> Lease:
+    async def acquire(self, lock: Lock, timeout: float | None) -> Lease:
         self._here()
+        name, ttl, key = lock.name, lock.ttl, lock.owner  # (3 or fewer: no tuple is built)
         task = asyncio.current_task()
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
@@ -420,7 +413,7 @@ class Client:
             self._claims[(name, owner)] = asyncio.get_running_loop().create_future()
         backend = self._backend
         lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
-        request = Request(name, owner, lease_ttl, fair)
+        request = Request(name, owner, lease_ttl, lock.fair)
         started = monotonic()
         deadline = None if timeout is None else started + timeout
         self._acquiring.add(task)
@@ -468,7 +461,7 @@ class Client:
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
-        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, fair)
+        hold = Hold(grant, lease_ttl, ttl is not None, lock.on_lost, lock.fair)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
@@ -575,7 +568,6 @@ class Client:
             started = self._begin_server_release(hold)
             if started is None:
                 return
-        hold.generation += 1
         self._releasing.add(hold)
         try:
             # Each backend round trip is bounded by op_timeout in the backend itself.
@@ -649,7 +641,6 @@ class Client:
         hold.lost = True
         if hold.lost_event is not None:
             hold.lost_event.set()
-        hold.generation += 1
         self._watchdog.untrack(hold)
         log.warning(
             "aiodlock: lock %r lost: %s", hold.name, reason, extra={"aiodlock_event": "lost"}

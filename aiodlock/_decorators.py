@@ -9,10 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._errors import ConfigurationError
-from ._hold import OnLost
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._lock import Lock
 
 __all__ = ["LockedDecorator"]
 
@@ -21,16 +20,7 @@ R = TypeVar("R")
 
 
 class LockedDecorator:
-    def __init__(
-        self,
-        client: Client,
-        key: str | Callable[..., str],
-        *,
-        ttl: float | None,
-        timeout: float | None,
-        fair: bool,
-        on_lost: OnLost,
-    ) -> None:
+    def __init__(self, key: str | Callable[..., str], lock: Callable[[str], Lock]) -> None:
         if not isinstance(key, str) and not callable(key):
             raise ConfigurationError(
                 f"the lock key must be a str template or a callable, got {key!r}"
@@ -38,10 +28,8 @@ class LockedDecorator:
         if isinstance(key, str) and not key:
             raise ConfigurationError("the lock key template must not be empty")
         self._key = key
-        self._lock = functools.partial(
-            client.lock, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost
-        )
-        self._lock("validation")  # (the options are checked now, not at the first call)
+        self._lock = lock
+        lock("validation")  # (the options are checked now, not at the first call)
 
     def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         if not inspect.iscoroutinefunction(func):

@@ -69,14 +69,7 @@ class Lock:
             timeout = self.timeout
         else:
             timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
-        return await self._client.acquire(
-            self.name,
-            ttl=self.ttl,
-            timeout=timeout,
-            fair=self.fair,
-            on_lost=self.on_lost,
-            key=self.owner,
-        )
+        return await self._client.acquire(self, timeout)
 
     async def try_acquire(self) -> Lease | None:
         """One attempt that never waits for a holder: the lease, or ``None``."""
