@@ -30,7 +30,6 @@ from ._errors import (
     Unsupported,
 )
 from ._hold import Hold, OnLost
-from ._lease import Lease
 from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
@@ -67,14 +66,10 @@ def connect(url: str | None = None, **options: Any) -> Client:
     Options are keyword arguments or URL query parameters (keyword arguments win).  A bad URL
     or option raises :class:`ConfigurationError` naming it.
     """
-    if url is None:
-        url = default_url()
-    parsed = parse_url(url)
+    parsed = parse_url(default_url() if url is None else url)
     backend_cls = load_backend(parsed.scheme)
-    merged: dict[str, Any] = dict(parsed.query)
-    merged.update(options)
-    config = _common_config(merged)
-    backend = backend_cls.from_url(parsed, config, merged)
+    merged: dict[str, Any] = {**parsed.query, **options}
+    backend = backend_cls.from_url(parsed, _common_config(merged), merged)
     if merged:
         names = ", ".join(sorted(repr(k) for k in merged))
         raise ConfigurationError(
@@ -385,7 +380,7 @@ class Client:
         hold = None if owner is None else self._holds.get((name, owner))
         return hold if hold is not None and not hold.released else None
 
-    async def acquire(self, lock: Lock, timeout: float | None) -> Lease:
+    async def acquire(self, lock: Lock, timeout: float | None) -> Hold:
         self._here()
         name, ttl, key = lock.name, lock.ttl, lock.owner  # (3 or fewer: no tuple is built)
         task = asyncio.current_task()
@@ -401,7 +396,7 @@ class Client:
                         f"acquiring it again"
                     )
                 hold.count += 1  # reentrant: no round trip
-                return hold.lease
+                return hold
             claim = self._claims.get((name, owner)) if key is not None else None
             if claim is None:
                 break
@@ -470,7 +465,7 @@ class Client:
         self._watchdog.track(hold)
         if self._observers:
             notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
-        return hold.lease
+        return hold
 
     async def _abandon(self, request: Request) -> None:
         if self._state == "closed":
@@ -543,7 +538,7 @@ class Client:
         if self._observers:
             notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
         if started is not None:
-            await self._server_release(hold, raise_errors=True, started=started)
+            await self._server_release(hold, started)
         if hold.lost and hold.on_lost == "cancel":
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
 
@@ -555,15 +550,10 @@ class Client:
         self._watchdog.untrack(hold)
         return self._local.start_release(hold.grant, hold.fair)
 
-    async def _server_release(
-        self,
-        hold: Hold,
-        *,
-        raise_errors: bool = False,
-        started: Awaitable[bool] | None = None,
-    ) -> None:
-        """Release ``hold`` on the server once (``started``: begun already by
-        :meth:`_begin_server_release`); a cancellation cannot stop it half-way."""
+    async def _server_release(self, hold: Hold, started: Awaitable[bool] | None = None) -> None:
+        """Release ``hold`` on the server once; a cancellation cannot stop it half-way.
+        ``started``: begun by release_hold, whose caller gets a BackendError."""
+        raise_errors = started is not None
         if started is None:
             started = self._begin_server_release(hold)
             if started is None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ._errors import ConfigurationError
-from ._lease import Lease, settle
+from ._lease import Lease
 from ._types import Grant, monotonic
 
 __all__ = ["BodyEntry", "Ended", "Hold", "OnLost", "check_on_lost"]
@@ -60,7 +60,7 @@ class Hold:
 
     def end(self) -> None:
         """The holding is over: its lease reads a copy of the final state (:class:`Ended`)."""
-        settle(self.lease, Ended(self))
+        self.lease._hold = Ended(self)
 
     @property
     def active(self) -> bool:

@@ -10,7 +10,7 @@ from ._types import LockStatus
 if TYPE_CHECKING:
     from ._hold import Ended, Hold
 
-__all__ = ["Lease", "LockStatus", "holding", "settle"]
+__all__ = ["Lease", "LockStatus"]
 
 
 class Lease:
@@ -18,11 +18,6 @@ class Lease:
     reentrant acquire by the same owner returns the same ``Lease``."""
 
     __slots__ = ("_hold", "name", "owner", "token", "ttl")
-
-    name: str
-    token: int
-    owner: str
-    ttl: float | None
 
     def __init__(self, hold: Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
         #: The holding while it lasts; a copy of its final state once it is over.
@@ -66,13 +61,3 @@ class Lease:
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
         return f"<Lease {self.name!r} token={self.token} owner={self.owner!r} {state}>"
-
-
-def holding(lease: Lease) -> Hold | Ended:
-    """The holding behind ``lease`` (live, or the copy of its final state)."""
-    return lease._hold
-
-
-def settle(lease: Lease, ended: Ended) -> None:
-    """The holding behind ``lease`` is over: from now on it reads ``ended``."""
-    lease._hold = ended

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._checks import check_name, check_seconds
 from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
 from ._hold import BodyEntry, Hold, OnLost, check_on_lost
-from ._lease import Lease, holding
+from ._lease import Lease
 from ._types import LockStatus
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Lock:
             timeout = self.timeout
         else:
             timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
-        return await self._client.acquire(self, timeout)
+        return (await self._client.acquire(self, timeout)).lease
 
     async def try_acquire(self) -> Lease | None:
         """One attempt that never waits for a holder: the lease, or ``None``."""
@@ -106,9 +106,7 @@ class Lock:
         return await self._client.status(self.name)
 
     async def __aenter__(self) -> Lease:
-        lease = await self.acquire()
-        hold = holding(lease)
-        assert isinstance(hold, Hold)  # (a fresh or reentrant holding is live)
+        hold = await self._client.acquire(self, self.timeout)
         task = asyncio.current_task()
         assert task is not None
         entry = BodyEntry(task)
@@ -118,7 +116,7 @@ class Lock:
             # Lost before the body even started (a nested level of a lost hold).
             entry.cancel_requested = True
             task.cancel(f"aiodlock: the lease of {self.name!r} was lost")
-        return lease
+        return hold.lease
 
     async def __aexit__(
         self,
