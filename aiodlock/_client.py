@@ -27,7 +27,6 @@ from ._errors import (
     LockLost,
     LockNotOwned,
     LockTimeout,
-    Unsupported,
 )
 from ._hold import Hold, OnLost
 from ._local import LocalWaiters
@@ -61,11 +60,9 @@ def default_url() -> str:
 
 
 def connect(url: str | None = None, **options: Any) -> Client:
-    """Make a :class:`Client` for ``url`` (no I/O yet; ``None``: :func:`default_url`).
-
-    Options are keyword arguments or URL query parameters (keyword arguments win).  A bad URL
-    or option raises :class:`ConfigurationError` naming it.
-    """
+    """Make a :class:`Client` for ``url`` (no I/O yet; ``None``: :func:`default_url`).  Options
+    are keyword arguments or URL query parameters (keyword arguments win); a bad URL or option
+    raises :class:`ConfigurationError` naming it."""
     parsed = parse_url(default_url() if url is None else url)
     backend_cls = load_backend(parsed.scheme)
     merged: dict[str, Any] = {**parsed.query, **options}
@@ -99,26 +96,17 @@ def _make_client_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
-def _drop(table: dict[Any, Any], key: object) -> None:
-    table.pop(key, None)
-
-
 class Client:
-    """A connection to one lock service.  Make it with :func:`aiodlock.connect`.
-
-    Use it as ``async with client: ...`` or call :meth:`open` / :meth:`close`; a new client
-    used before it is opened opens itself.  It belongs to the event loop that opened it.
-    """
+    """A connection to one lock service, made by :func:`aiodlock.connect`.  Use it as ``async
+    with client:`` or call :meth:`open` / :meth:`close` (a new client used before it is opened
+    opens itself).  It belongs to the event loop that opened it."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._config = backend.config
         self._default_acquire = type(backend).acquire is Backend.acquire
-        self._local = LocalWaiters(
-            backend,
-            window=min(0.1, self._config.op_timeout),
-            patience=self._config.op_timeout * 2,
-        )
+        op_timeout = self._config.op_timeout
+        self._local = LocalWaiters(backend, window=min(0.1, op_timeout), patience=op_timeout * 2)
         #: A unique string per client instance; owners are ``f"{id}:{n}"`` (a task) and
         #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
         self.id: str = _make_client_id()
@@ -130,7 +118,7 @@ class Client:
         #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
         self._owners: dict[weakref.ref[asyncio.Task[Any]], str] = {}
         # (drops the entry of a freed task; refers to the dict only, not to the client)
-        self._owner_gone = functools.partial(_drop, self._owners)
+        self._owner_gone = functools.partial(dict.pop, self._owners)
         self._owner_seq = 0
         #: (name, owner) -> done when that ``owner=`` key's acquire in flight ends.
         self._claims: dict[tuple[str, str], asyncio.Future[None]] = {}
@@ -143,12 +131,7 @@ class Client:
         self._releasing = InFlight()
         self._open_lock = asyncio.Lock()
         self._watchdog = Watchdog(
-            backend,
-            self._config,
-            label=self.id,
-            spawn=self.spawn,
-            mark_lost=self._mark_lost,
-            holding=self._holds.__len__,
+            backend, self._config, self.id, self.spawn, self._mark_lost, self._holds.__len__
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
@@ -207,15 +190,13 @@ class Client:
         if self._state != "open":
             return
         self._state = "closing"
-        # The tasks that used this client no longer tell it when they end (their callback
-        # would keep a closed client alive as long as a long-lived task).
+        # (a task's end callback would keep a closed client alive as long as the task)
         self._watch_tasks(False)
         with anyio.CancelScope(shield=True):
             # NOTE: the order matters.  Waits end first, each cleaning up after itself
-            # through the open backend (a grant on its way is given back); then the holds
-            # are released, and no local waiter is left to hand one to; the backend closes
-            # last, once the releases begun by cancelled tasks are through as well.
-            # (each acquire's clean-up is bounded by op_timeout)
+            # through the open backend (bounded); then the holds are released, and no local
+            # waiter is left to hand one to; the backend closes last, once the releases
+            # begun by cancelled tasks are through as well.
             current = asyncio.current_task()
             for task in self._acquiring:
                 assert isinstance(task, asyncio.Task)
@@ -320,12 +301,9 @@ class Client:
         fair: bool = False,
         on_lost: OnLost = "cancel",
     ) -> LockedDecorator:
-        """Decorate an ``async def`` so every call runs under the lock named by ``key``.
-
-        ``key`` is a :meth:`str.format` template filled from the call's arguments by
-        parameter name (``"report:{user_id}"``, ``"{order.id}"``) or a callable that takes
-        the same arguments and returns the name.
-        """
+        """Decorate an ``async def`` so every call runs under the lock named by ``key``: a
+        :meth:`str.format` template filled from the call's arguments by parameter name
+        (``"report:{user_id}"``, ``"{order.id}"``), or a callable of the same arguments."""
         from ._decorators import LockedDecorator
 
         lock = functools.partial(self.lock, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
@@ -338,11 +316,8 @@ class Client:
         return await self._backend.status(name)
 
     async def force_release(self, name: str) -> bool:
-        """Break the lock ``name`` whoever holds it (an admin operation).
-
-        The holder notices at the latest at its next renewal.  Returns True if a lock was
-        released.
-        """
+        """Break the lock ``name`` whoever holds it (an admin operation); True if a lock was
+        released.  The holder notices at its next renewal at the latest."""
         check_name(name)
         await self._ensure_open()
         released = await self._backend.force_release(name)
@@ -350,14 +325,6 @@ class Client:
             if hold.name == name and hold.active:
                 self._mark_lost(hold, "the lock was force-released")
         return released
-
-    def check_fair(self, fair: bool) -> None:
-        caps = self._backend.capabilities
-        if fair and not caps & (Capability.FAIR | Capability.ALWAYS_FAIR):
-            raise Unsupported(
-                f"the {self._backend.backend_name} backend cannot grant locks in request "
-                f"order (fair=True)"
-            )
 
     def _owner_of(self, task: asyncio.Task[Any]) -> str:
         owner = self._owners.get(weakref.ref(task))
@@ -525,14 +492,12 @@ class Client:
         return self.release_hold(self._held(name, key))
 
     async def release_hold(self, hold: Hold) -> None:
-        """One release of ``hold`` by its owner."""
         self._here()
         name = hold.name
         hold.count -= 1
         if hold.count > 0:
             return
-        # The request leaves now where the backend can send it at once; the bookkeeping below
-        # then runs while the server works.
+        # (the request leaves now if the backend can send it at once: the rest overlaps it)
         started = self._begin_server_release(hold)
         self._forget(hold)
         if self._observers:
@@ -568,7 +533,6 @@ class Client:
                     at_release=True,
                 )
         except BackendError as error:
-            # (the server may have done it: a reply lost, a timeout)
             log.warning(
                 "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
                 "stays held until its lease ends",

@@ -7,10 +7,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._checks import check_name, check_seconds
-from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout
-from ._hold import BodyEntry, Hold, OnLost, check_on_lost
+from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout, Unsupported
+from ._hold import BodyEntry, Hold, OnLost
 from ._lease import Lease
-from ._types import LockStatus
+from ._types import Capability, LockStatus
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -49,9 +49,18 @@ class Lock:
         self.timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
         if not isinstance(fair, bool):
             raise ConfigurationError(f"fair must be True or False, got {fair!r}")
-        client.check_fair(fair)
+        backend = client.backend
+        if fair and not backend.capabilities & (Capability.FAIR | Capability.ALWAYS_FAIR):
+            raise Unsupported(
+                f"the {backend.backend_name} backend cannot grant locks in request order "
+                f"(fair=True)"
+            )
         self.fair = fair
-        self.on_lost = check_on_lost(on_lost)
+        if on_lost not in ("cancel", "ignore") and not callable(on_lost):
+            raise ConfigurationError(
+                f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}"
+            )
+        self.on_lost = on_lost
         if owner is not None and not (isinstance(owner, str) and 0 < len(owner) <= 256):
             raise ConfigurationError(f"owner must be a str of 1-256 characters, got {owner!r:.80}")
         self.owner = owner  # (the hold belongs to the client and this key, not to a task)

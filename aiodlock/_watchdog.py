@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from ._hold import Hold
     from .backends._base import Backend
 
-MarkLost = Callable[["Hold", str], None]
-Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-
 __all__ = ["Watchdog"]
 
 log = logging.getLogger("aiodlock")
@@ -38,10 +35,9 @@ class Watchdog:
         self,
         backend: Backend,
         config: CommonConfig,
-        *,
         label: str,
-        spawn: Spawn,
-        mark_lost: MarkLost,
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
+        mark_lost: Callable[[Hold, str], None],
         holding: Callable[[], int],
     ) -> None:
         self._backend = backend
