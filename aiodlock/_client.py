@@ -111,8 +111,7 @@ class Client:
         #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
-        #: owner -> how many of ``_holds`` are its
-        self._holding: dict[str, int] = {}
+        self._holding: dict[str, int] = {}  # owner -> how many of _holds are its
         #: A task's owner string, by a weak reference to the task (an entry goes when its
         #: task is freed).  NOTE: looked up with a plain ``weakref.ref(task)``, which equals
         #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
@@ -127,8 +126,7 @@ class Client:
         #: Tasks inside acquire() past the open check, and those close() cancelled.
         self._acquiring = InFlight()
         self._ended_by_close: set[asyncio.Task[Any]] = set()
-        #: Holds whose server release is under way (close() lets them finish first).
-        self._releasing = InFlight()
+        self._releasing = InFlight()  # holds being released on the server (close() waits)
         self._open_lock = asyncio.Lock()
         self._watchdog = Watchdog(
             backend, self._config, self.id, self.spawn, self._mark_lost, self._holds.__len__
@@ -344,8 +342,7 @@ class Client:
         else:
             task = asyncio.current_task()
             owner = None if task is None else self._owners.get(weakref.ref(task))
-        hold = None if owner is None else self._holds.get((name, owner))
-        return hold if hold is not None and not hold.released else None
+        return None if owner is None else self._holds.get((name, owner))
 
     async def acquire(self, lock: Lock, timeout: float | None) -> Hold:
         self._here()
@@ -568,8 +565,7 @@ class Client:
             hold.ttl = ttl
             if hold.fixed_ttl:
                 hold.lease.ttl = ttl
-        length = ttl if ttl is not None else hold.ttl
-        results = await self._backend.renew([hold.grant], length)
+        results = await self._backend.renew([hold.grant], hold.ttl)
         if hold.released:
             return
         if results[0] is None:

@@ -25,8 +25,7 @@ class Hold:
     ttl: float
     fixed_ttl: bool
     on_lost: OnLost
-    #: Taken in request order (a fair lock is never handed over locally).
-    fair: bool = False
+    fair: bool = False  # taken in request order (so never handed over locally)
     name: str = dataclasses.field(init=False)
     owner: str = dataclasses.field(init=False)
     expires_at: float | None = dataclasses.field(init=False)

@@ -21,13 +21,10 @@ _UNSET: Any = object()
 
 
 class Lock:
-    """A distributed lock.  Get one from :meth:`aiodlock.Client.lock`.
-
-    ``async with lock as lease:`` waits up to the lock's ``timeout`` (``None``: forever),
-    runs the body while the lease is held and releases at the end.  If the lease is lost
-    while the body runs, the body is cancelled and :class:`~aiodlock.LockLost` is raised
-    (``on_lost="cancel"``, the default).
-    """
+    """A distributed lock, from :meth:`aiodlock.Client.lock`.  ``async with lock as lease:``
+    waits up to the lock's ``timeout`` (``None``: forever), runs the body while the lease is
+    held and releases at the end; if the lease is lost meanwhile, the body is cancelled and
+    :class:`~aiodlock.LockLost` is raised (``on_lost="cancel"``, the default)."""
 
     __slots__ = ("_client", "_entries", "fair", "name", "on_lost", "owner", "timeout", "ttl")
 

@@ -42,6 +42,7 @@ class Watchdog:
     ) -> None:
         self._backend = backend
         self._config = config
+        self.interval = config.watchdog_ttl / 3  # (between two renewals of a lease)
         self._label = label
         self._spawn = spawn
         self._mark_lost = mark_lost
@@ -52,17 +53,12 @@ class Watchdog:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._session_bound = bool(backend.capabilities & Capability.SESSION_LEASE)
-        #: When the loop wakes next by itself; an earlier event needs a poke.
-        self._wake_at = math.inf
+        self._wake_at = math.inf  # when the loop wakes by itself (an earlier event pokes it)
         #: New holds whose first event is not before ``_wake_at``, with their generation:
         #: the loop schedules those still held when it wakes.  Most holds of a busy client
         #: are released long before that and never reach the heaps.
         self._pending: list[tuple[Hold, int]] = []
         self._pending_limit = 64
-
-    @property
-    def interval(self) -> float:
-        return self._config.watchdog_ttl / 3
 
     def start(self) -> None:
         if self._task is None:
@@ -150,8 +146,6 @@ class Watchdog:
             self._expire(now)
             batch = self._due_renewals(now)
             if batch:
-                for hold in batch:
-                    hold.renewing = True
                 self._spawn(self._renew(batch), "renew")
             heads = [heap[0][0] for heap in (self._renewals, self._expiries) if heap]
             self._wake_at = wake = min(heads, default=math.inf)
@@ -191,6 +185,7 @@ class Watchdog:
             _, _, gen, hold = heapq.heappop(heap)
             if gen != hold.generation or not hold.active or hold.renewing:
                 continue
+            hold.renewing = True
             batch.append(hold)
         return batch
 
