@@ -1,9 +1,6 @@
 """aiodlock: asyncio-native distributed locks.
 
->>> import aiodlock
->>> client = aiodlock.connect("redis://127.0.0.1:6379/0")   # doctest: +SKIP
->>> async with client, client.lock("orders:42") as lease:    # doctest: +SKIP
-...     print(lease.token)
+``async with aiodlock.connect(url) as client, client.lock("orders:42") as lease: ...``
 """
 
 from ._client import Client, connect, default_url

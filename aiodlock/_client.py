@@ -27,10 +27,8 @@ from ._errors import (
     LockLost,
     LockNotOwned,
     LockTimeout,
-    Unsupported,
 )
 from ._hold import Hold, OnLost
-from ._lease import Lease
 from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
@@ -62,19 +60,13 @@ def default_url() -> str:
 
 
 def connect(url: str | None = None, **options: Any) -> Client:
-    """Make a :class:`Client` for ``url`` (no I/O yet; ``None``: :func:`default_url`).
-
-    Options are keyword arguments or URL query parameters (keyword arguments win).  A bad URL
-    or option raises :class:`ConfigurationError` naming it.
-    """
-    if url is None:
-        url = default_url()
-    parsed = parse_url(url)
+    """Make a :class:`Client` for ``url`` (no I/O yet; ``None``: :func:`default_url`).  Options
+    are keyword arguments or URL query parameters (keyword arguments win); a bad URL or option
+    raises :class:`ConfigurationError` naming it."""
+    parsed = parse_url(default_url() if url is None else url)
     backend_cls = load_backend(parsed.scheme)
-    merged: dict[str, Any] = dict(parsed.query)
-    merged.update(options)
-    config = _common_config(merged)
-    backend = backend_cls.from_url(parsed, config, merged)
+    merged: dict[str, Any] = {**parsed.query, **options}
+    backend = backend_cls.from_url(parsed, _common_config(merged), merged)
     if merged:
         names = ", ".join(sorted(repr(k) for k in merged))
         raise ConfigurationError(
@@ -104,68 +96,46 @@ def _make_client_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
-def _drop(table: dict[Any, Any], key: object) -> None:
-    table.pop(key, None)
-
-
 class Client:
-    """A connection to one lock service.  Make it with :func:`aiodlock.connect`.
-
-    Use it as ``async with client: ...`` or call :meth:`open` / :meth:`close`; a new client
-    used before it is opened opens itself.  It belongs to the event loop that opened it.
-    """
+    """A connection to one lock service, made by :func:`aiodlock.connect`.  Use it as ``async
+    with client:`` or call :meth:`open` / :meth:`close` (a new client used before it is opened
+    opens itself).  It belongs to the event loop that opened it."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._config = backend.config
         self._default_acquire = type(backend).acquire is Backend.acquire
-        #: This client's waiting owners: hand-offs between its tasks (see _local).
-        self._local = LocalWaiters(
-            backend,
-            window=min(0.1, self._config.op_timeout),
-            patience=self._config.op_timeout * 2,
-        )
+        op_timeout = self._config.op_timeout
+        self._local = LocalWaiters(backend, window=min(0.1, op_timeout), patience=op_timeout * 2)
         #: A unique string per client instance; owners are ``f"{id}:{n}"`` (a task) and
         #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
-        #: owner -> how many of ``_holds`` are its
-        self._holding: dict[str, int] = {}
+        self._holding: dict[str, int] = {}  # owner -> how many of _holds are its
         #: A task's owner string, by a weak reference to the task (an entry goes when its
         #: task is freed).  NOTE: looked up with a plain ``weakref.ref(task)``, which equals
         #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
         self._owners: dict[weakref.ref[asyncio.Task[Any]], str] = {}
         # (drops the entry of a freed task; refers to the dict only, not to the client)
-        self._owner_gone = functools.partial(_drop, self._owners)
+        self._owner_gone = functools.partial(dict.pop, self._owners)
         self._owner_seq = 0
         #: (name, owner) -> done when that ``owner=`` key's acquire in flight ends.
         self._claims: dict[tuple[str, str], asyncio.Future[None]] = {}
-        #: The loop that opened the client (None while it is not open).
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: Closed: the tasks' end callbacks were removed (see _watch_tasks).
-        self._unwatched = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # (the loop that opened it)
         self._state: Literal["new", "open", "closing", "closed"] = "new"
-        #: Tasks inside acquire() past the open check: close() ends their waits.
+        #: Tasks inside acquire() past the open check, and those close() cancelled.
         self._acquiring = InFlight()
-        #: The tasks close() cancelled to end their acquire (they raise LockError instead).
         self._ended_by_close: set[asyncio.Task[Any]] = set()
-        #: Holds whose server release is under way (close() lets them finish first).
-        self._releasing = InFlight()
-        self._open_lock: asyncio.Lock | None = None
+        self._releasing = InFlight()  # holds being released on the server (close() waits)
+        self._open_lock = asyncio.Lock()
         self._watchdog = Watchdog(
-            backend,
-            self._config,
-            label=self.id,
-            spawn=self.spawn,
-            mark_lost=self._mark_lost,
-            holding=self._holds.__len__,
+            backend, self._config, self.id, self.spawn, self._mark_lost, self._holds.__len__
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
 
     @property
     def backend(self) -> Backend:
-        """The backend object (for advanced use and tests)."""
         return self._backend
 
     @property
@@ -186,8 +156,6 @@ class Client:
             return
         if self._state == "closing":
             raise LockError("the client is closing; open it again once close() has returned")
-        if self._open_lock is None:
-            self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if self.is_open:  # opened by another task meanwhile
                 return
@@ -206,34 +174,34 @@ class Client:
                         f"{self._backend.describe()} within {self._config.connect_timeout} s"
                     ) from exc
                 raise
+            if self._state == "closed":
+                self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._state = "open"
             self._loop = asyncio.get_running_loop()
-            if self._unwatched:
-                self._watch_tasks(True)  # (re-opened: watch the known tasks again)
             self._watchdog.start()
 
     async def close(self) -> None:
-        """End every wait of this client's tasks, release every lock it holds, stop the
-        watchdog, disconnect.
-
-        Tasks waiting in an acquire get :class:`LockError`; a body still running under one
-        of this client's locks sees the lease as lost.  When this returns, nothing of the
-        client is left on the server.  A closed client refuses new acquisitions until
-        :meth:`open` is called again.
-        """
+        """End every wait (it raises :class:`LockError`), release every lock (a body still
+        running sees its lease as lost), stop the watchdog, disconnect: nothing of the client
+        is left on the server.  A closed client refuses acquisitions until reopened."""
         self._here()
         if self._state != "open":
             return
         self._state = "closing"
-        # The tasks that used this client no longer tell it when they end (their callback
-        # would keep a closed client alive as long as a long-lived task).
+        # (a task's end callback would keep a closed client alive as long as the task)
         self._watch_tasks(False)
         with anyio.CancelScope(shield=True):
             # NOTE: the order matters.  Waits end first, each cleaning up after itself
-            # through the open backend (a grant on its way is given back); then the holds
-            # are released, and no local waiter is left to hand one to; the backend closes
-            # last, once the releases begun by cancelled tasks are through as well.
-            await self._end_acquires()
+            # through the open backend (bounded); then the holds are released, and no local
+            # waiter is left to hand one to; the backend closes last, once the releases
+            # begun by cancelled tasks are through as well.
+            current = asyncio.current_task()
+            for task in self._acquiring:
+                assert isinstance(task, asyncio.Task)
+                if task is not current and not task.done():
+                    self._ended_by_close.add(task)
+                    task.cancel("aiodlock: the client was closed")
+            await self._acquiring.drained(self._config.op_timeout * 3)
             holds = [h for h in self._holds.values() if not h.server_released]
             for hold in holds:
                 self._mark_lost(hold, "the client was closed while the lock was held")
@@ -254,61 +222,15 @@ class Client:
                 log.warning("aiodlock: closing the backend failed", exc_info=True)
             finally:
                 self._state = "closed"
-                self._loop = self._open_lock = None
-
-    async def _end_acquires(self) -> None:
-        """Cancel every acquire in flight (it raises LockError) and wait until each has
-        cleaned up after itself (bounded: each clean-up is bounded by op_timeout)."""
-        current = asyncio.current_task()
-        for task in self._acquiring:
-            assert isinstance(task, asyncio.Task)
-            if task is not current and not task.done():
-                self._ended_by_close.add(task)
-                task.cancel("aiodlock: the client was closed")
-        await self._acquiring.drained(self._config.op_timeout * 3)
-
-    async def _give_back(self, task: asyncio.Task[Any], grant: Grant | None, name: str) -> None:
-        """An acquire answered while close() runs: give the grant back through the backend,
-        which close() keeps open until this is done, and raise LockError."""
-        try:
-            if task in self._ended_by_close:
-                # close() cancelled the task as the answer came: that cancellation is still
-                # on its way.  Take it here, where it is ours.
-                self._ended_by_close.discard(task)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.sleep(0)
-                task.uncancel()
-            if grant is not None:
-                await self._release_shielded(grant, "giving back at close")
-        finally:
-            self._acquiring.discard(task)
-        raise LockError(f"the client was closed while acquiring {name!r}")
-
-    async def _release_shielded(self, grant: Grant, what: str) -> None:
-        """Release ``grant`` shielded from cancellation, bounded by op_timeout."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-            try:
-                await self._backend.release(grant)
-            except Exception:
-                # (the server may have done it: a reply lost, a timeout)
-                log.warning(
-                    "aiodlock: %s %r failed; unless the server did it, the lock stays held "
-                    "until its lease ends",
-                    what,
-                    grant.name,
-                    exc_info=True,
-                )
+                self._loop = None
+                self._open_lock = asyncio.Lock()  # (the next open may be in another loop)
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
-        self._unwatched = not on
         for ref in list(self._owners):
             task = ref()
             if task is not None and not task.done():
-                if on:
-                    task.add_done_callback(self._task_ended)
-                else:
-                    task.remove_done_callback(self._task_ended)
+                (task.add_done_callback if on else task.remove_done_callback)(self._task_ended)
 
     async def __aenter__(self) -> Client:
         await self.open()
@@ -377,15 +299,13 @@ class Client:
         fair: bool = False,
         on_lost: OnLost = "cancel",
     ) -> LockedDecorator:
-        """Decorate an ``async def`` so every call runs under the lock named by ``key``.
-
-        ``key`` is a :meth:`str.format` template filled from the call's arguments by
-        parameter name (``"report:{user_id}"``, ``"{order.id}"``) or a callable that takes
-        the same arguments and returns the name.
-        """
+        """Decorate an ``async def`` so every call runs under the lock named by ``key``: a
+        :meth:`str.format` template filled from the call's arguments by parameter name
+        (``"report:{user_id}"``, ``"{order.id}"``), or a callable of the same arguments."""
         from ._decorators import LockedDecorator
 
-        return LockedDecorator(self, key, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        lock = functools.partial(self.lock, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
+        return LockedDecorator(key, lock)
 
     async def status(self, name: str) -> LockStatus | None:
         """Who holds ``name`` right now (in any process), or ``None``."""
@@ -394,11 +314,8 @@ class Client:
         return await self._backend.status(name)
 
     async def force_release(self, name: str) -> bool:
-        """Break the lock ``name`` whoever holds it (an admin operation).
-
-        The holder notices at the latest at its next renewal.  Returns True if a lock was
-        released.
-        """
+        """Break the lock ``name`` whoever holds it (an admin operation); True if a lock was
+        released.  The holder notices at its next renewal at the latest."""
         check_name(name)
         await self._ensure_open()
         released = await self._backend.force_release(name)
@@ -407,23 +324,6 @@ class Client:
                 self._mark_lost(hold, "the lock was force-released")
         return released
 
-    def check_fair(self, fair: bool) -> None:
-        caps = self._backend.capabilities
-        if fair and not caps & (Capability.FAIR | Capability.ALWAYS_FAIR):
-            raise Unsupported(
-                f"the {self._backend.backend_name} backend cannot grant locks in request "
-                f"order (fair=True)"
-            )
-
-    def current_owner(self, key: str | None = None) -> str:
-        """The owner string of ``owner=key``, or else of the calling asyncio task."""
-        if key is not None:
-            return f"{self.id}/{key}"
-        task = asyncio.current_task()
-        if task is None:
-            raise LockError("aiodlock locks must be used from inside an asyncio task")
-        return self._owner_of(task)
-
     def _owner_of(self, task: asyncio.Task[Any]) -> str:
         owner = self._owners.get(weakref.ref(task))
         if owner is None:
@@ -431,7 +331,7 @@ class Client:
             owner = f"{self.id}:{self._owner_seq}"
             self._owners[weakref.ref(task, self._owner_gone)] = owner
             # One callback per task (not per hold): it releases what the task still holds.
-            if not self._unwatched:
+            if self._state in ("new", "open"):  # (else they are watched once reopened)
                 task.add_done_callback(self._task_ended)
         return owner
 
@@ -442,20 +342,11 @@ class Client:
         else:
             task = asyncio.current_task()
             owner = None if task is None else self._owners.get(weakref.ref(task))
-        hold = None if owner is None else self._holds.get((name, owner))
-        return hold if hold is not None and not hold.released else None
+        return None if owner is None else self._holds.get((name, owner))
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: float | None,
-        timeout: float | None,
-        fair: bool,
-        on_lost: OnLost,
-        key: str | None = None,
-    ) -> Lease:
+    async def acquire(self, lock: Lock, timeout: float | None) -> Hold:
         self._here()
+        name, ttl, key = lock.name, lock.ttl, lock.owner  # (3 or fewer: no tuple is built)
         task = asyncio.current_task()
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
@@ -469,7 +360,7 @@ class Client:
                         f"acquiring it again"
                     )
                 hold.count += 1  # reentrant: no round trip
-                return hold.lease
+                return hold
             claim = self._claims.get((name, owner)) if key is not None else None
             if claim is None:
                 break
@@ -481,7 +372,7 @@ class Client:
             self._claims[(name, owner)] = asyncio.get_running_loop().create_future()
         backend = self._backend
         lease_ttl = ttl if ttl is not None else self._config.watchdog_ttl
-        request = Request(name, owner, lease_ttl, fair)
+        request = Request(name, owner, lease_ttl, lock.fair)
         started = monotonic()
         deadline = None if timeout is None else started + timeout
         self._acquiring.add(task)
@@ -502,29 +393,34 @@ class Client:
                     grant = await acquire_loop(backend, request, deadline, first, started, local)
             else:
                 grant = await backend.acquire(request, deadline)
+            if self._state != "open":
+                # close() began as the answer came: give it back (below) and raise LockError.
+                # close()'s cancellation of this task may still be on its way: take it here.
+                if task in self._ended_by_close:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0)
+                self._ended_by_close.add(task)
+                raise asyncio.CancelledError
         except BaseException as exc:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
             await self._abandon(request)
-            self._acquiring.discard(task)
             if isinstance(exc, asyncio.CancelledError) and task in self._ended_by_close:
                 self._ended_by_close.discard(task)
                 if task.uncancel() == 0:  # (no other cancellation pending: ours only)
                     raise LockError(f"the client was closed while acquiring {name!r}") from None
             raise
         finally:
+            self._acquiring.discard(task)
             if key is not None:
                 # (its other tasks wake at the next loop turn: the hold is registered by then)
                 self._claims.pop((name, owner)).set_result(None)
-        if self._state != "open":
-            await self._give_back(task, grant, name)
-        self._acquiring.discard(task)
         if grant is None:
             notify(self._observers, "on_timeout", name, owner, monotonic() - started)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
         # NOTE: no await between the grant and registering the hold: a cancellation cannot
         # fall in between and leave a grant nobody tracks.
-        hold = Hold(grant, lease_ttl, ttl is not None, on_lost, fair)
+        hold = Hold(grant, lease_ttl, ttl is not None, lock.on_lost, lock.fair)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
             hold.expires_at = monotonic() + lease_ttl
@@ -533,7 +429,7 @@ class Client:
         self._watchdog.track(hold)
         if self._observers:
             notify(self._observers, "on_acquired", hold.lease, monotonic() - started)
-        return hold.lease
+        return hold
 
     async def _abandon(self, request: Request) -> None:
         if self._state == "closed":
@@ -593,20 +489,18 @@ class Client:
         return self.release_hold(self._held(name, key))
 
     async def release_hold(self, hold: Hold) -> None:
-        """One release of ``hold`` by its owner."""
         self._here()
         name = hold.name
         hold.count -= 1
         if hold.count > 0:
             return
-        # The request leaves now where the backend can send it at once; the bookkeeping below
-        # then runs while the server works.
+        # (the request leaves now if the backend can send it at once: the rest overlaps it)
         started = self._begin_server_release(hold)
         self._forget(hold)
         if self._observers:
             notify(self._observers, "on_released", hold.lease, monotonic() - hold.acquired_at)
         if started is not None:
-            await self._server_release(hold, raise_errors=True, started=started)
+            await self._server_release(hold, started)
         if hold.lost and hold.on_lost == "cancel":
             raise LockLost(f"lock {name!r} was lost while held: {hold.lost_reason}")
 
@@ -618,23 +512,14 @@ class Client:
         self._watchdog.untrack(hold)
         return self._local.start_release(hold.grant, hold.fair)
 
-    async def _server_release(
-        self,
-        hold: Hold,
-        *,
-        raise_errors: bool = False,
-        started: Awaitable[bool] | None = None,
-    ) -> None:
+    async def _server_release(self, hold: Hold, started: Awaitable[bool] | None = None) -> None:
         """Release ``hold`` on the server once; a cancellation cannot stop it half-way.
-
-        ``started``: the release, already begun by :meth:`Backend.start_release` (the hold
-        is then marked and untracked already).
-        """
+        ``started``: begun by release_hold, whose caller gets a BackendError."""
+        raise_errors = started is not None
         if started is None:
             started = self._begin_server_release(hold)
             if started is None:
                 return
-        hold.generation += 1
         self._releasing.add(hold)
         try:
             # Each backend round trip is bounded by op_timeout in the backend itself.
@@ -645,7 +530,6 @@ class Client:
                     at_release=True,
                 )
         except BackendError as error:
-            # (the server may have done it: a reply lost, a timeout)
             log.warning(
                 "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
                 "stays held until its lease ends",
@@ -657,7 +541,16 @@ class Client:
         except BaseException:
             # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
             # shielded and bounded, then let the cancellation go on.
-            await self._release_shielded(hold.grant, "releasing")
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
+                try:
+                    await self._backend.release(hold.grant)
+                except Exception:
+                    log.warning(
+                        "aiodlock: releasing %r failed; unless the server did it, the lock "
+                        "stays held until its lease ends",
+                        hold.name,
+                        exc_info=True,
+                    )
             raise
         finally:
             self._releasing.discard(hold)
@@ -672,8 +565,7 @@ class Client:
             hold.ttl = ttl
             if hold.fixed_ttl:
                 hold.lease.ttl = ttl
-        length = ttl if ttl is not None else hold.ttl
-        results = await self._backend.renew([hold.grant], length)
+        results = await self._backend.renew([hold.grant], hold.ttl)
         if hold.released:
             return
         if results[0] is None:
@@ -691,19 +583,14 @@ class Client:
                 self._mark_lost(hold, reason)
 
     def _mark_lost(self, hold: Hold, reason: str, *, at_release: bool = False) -> None:
-        """Apply the lock's ``on_lost`` policy once.
-
-        ``at_release``: the release itself found the lease gone (expired, taken over or
-        force-released, and no renewal noticed it before): the holding was not protected
-        to its end, so it counts as lost although the server release has begun.
-        """
+        """Apply the lock's ``on_lost`` policy once.  ``at_release``: the release found the
+        lease gone, so the holding was not protected to its end: lost, though released."""
         if hold.lost or (hold.server_released and not at_release):
             return
         hold.lost_reason = reason
         hold.lost = True
         if hold.lost_event is not None:
             hold.lost_event.set()
-        hold.generation += 1
         self._watchdog.untrack(hold)
         log.warning(
             "aiodlock: lock %r lost: %s", hold.name, reason, extra={"aiodlock_event": "lost"}

@@ -8,12 +8,10 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._checks import check_name
 from ._errors import ConfigurationError
-from ._hold import OnLost
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._lock import Lock
 
 __all__ = ["LockedDecorator"]
 
@@ -22,32 +20,16 @@ R = TypeVar("R")
 
 
 class LockedDecorator:
-    def __init__(
-        self,
-        client: Client,
-        key: str | Callable[..., str],
-        *,
-        ttl: float | None,
-        timeout: float | None,
-        fair: bool,
-        on_lost: OnLost,
-    ) -> None:
+    def __init__(self, key: str | Callable[..., str], lock: Callable[[str], Lock]) -> None:
         if not isinstance(key, str) and not callable(key):
             raise ConfigurationError(
                 f"the lock key must be a str template or a callable, got {key!r}"
             )
         if isinstance(key, str) and not key:
             raise ConfigurationError("the lock key template must not be empty")
-        self._client = client
         self._key = key
-        # Validate the options now, not at the first call.
-        client.lock("validation", ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost)
-        self._options: dict[str, Any] = {
-            "ttl": ttl,
-            "timeout": timeout,
-            "fair": fair,
-            "on_lost": on_lost,
-        }
+        self._lock = lock
+        lock("validation")  # (the options are checked now, not at the first call)
 
     def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         if not inspect.iscoroutinefunction(func):
@@ -59,8 +41,7 @@ class LockedDecorator:
         key = self._key
         if isinstance(key, str):
             _check_template(key, signature, func)
-        client = self._client
-        options = self._options
+        lock = self._lock
 
         @functools.wraps(func)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -76,18 +57,18 @@ class LockedDecorator:
                     ) from exc
             else:
                 name = key(*args, **kwargs)
-            check_name(name)
-            async with client.lock(name, **options):
+            async with lock(name):
                 return await func(*args, **kwargs)
 
         return wrapper
 
 
-def _fields(template: str, text: str) -> list[str]:
-    """Every field of ``text``, also those nested in format specs; checks conversions."""
-    fields: list[str] = []
+def _check_template(
+    template: str, signature: inspect.Signature, func: Callable[..., Any], text: str = ""
+) -> None:
+    """Check every field of ``text`` (the template, or a format spec nested in it)."""
     try:
-        parsed = list(string.Formatter().parse(text))
+        parsed = list(string.Formatter().parse(text or template))
     except ValueError as exc:
         raise ConfigurationError(f"bad lock key template {template!r}: {exc}") from exc
     for _, field, spec, conversion in parsed:
@@ -98,26 +79,16 @@ def _fields(template: str, text: str) -> list[str]:
                 f"bad lock key template {template!r}: unknown conversion '!{conversion}' "
                 f"(use !r, !s or !a)"
             )
-        fields.append(field)
-        if spec:
-            fields.extend(_fields(template, spec))
-    return fields
-
-
-def _check_template(template: str, signature: inspect.Signature, func: Callable[..., Any]) -> None:
-    fields = _fields(template, template)
-    params = signature.parameters
-    for field in fields:
-        head = field
-        for sep in (".", "["):
-            head = head.split(sep, 1)[0]
+        head = field.split(".", 1)[0].split("[", 1)[0]
         if not head or head.isdigit():
             raise ConfigurationError(
                 f"lock key template {template!r}: use parameter names, not positions "
                 f"(e.g. '{{user_id}}')"
             )
-        if head not in params:
+        if head not in signature.parameters:
             raise ConfigurationError(
                 f"lock key template {template!r} names {head!r}, which is not a parameter of "
                 f"{func.__qualname__}{signature}"
             )
+        if spec:
+            _check_template(template, signature, func, spec)

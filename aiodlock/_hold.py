@@ -1,42 +1,31 @@
-"""Layer 2: one owner's holding of one name in a client, and what a lease reads after it.
-
-A :class:`Hold` is shared by the reentrant acquires of its owner; the client's table of
-holds, the watchdog and the :class:`~aiodlock.Lease` handed to the caller all refer to it.
-"""
+"""Layer 2: one owner's holding of one name in a client, and what a lease reads after it."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from ._errors import ConfigurationError
-from ._lease import Lease, settle
+from ._lease import Lease
 from ._types import Grant, monotonic
 
-__all__ = ["BodyEntry", "Ended", "Hold", "OnLost", "check_on_lost"]
+__all__ = ["BodyEntry", "Ended", "Hold", "OnLost"]
 
 #: What to do when a lease is lost: cancel the body, only set the flag, or call this.
 OnLost = Literal["cancel", "ignore"] | Callable[[Lease], object]
 
 
-def check_on_lost(on_lost: object) -> OnLost:
-    if on_lost in ("cancel", "ignore") or callable(on_lost):
-        return on_lost
-    raise ConfigurationError(f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}")
-
-
 @dataclasses.dataclass(slots=True, eq=False, weakref_slot=True)
 class Hold:
-    """One owner's holding of one name in this client (shared by reentrant acquires)."""
+    """One owner's holding of one name (shared by reentrant acquires; the client's table, the
+    watchdog and the :class:`~aiodlock.Lease` refer to it)."""
 
     grant: Grant
     ttl: float
     fixed_ttl: bool
     on_lost: OnLost
-    #: Taken in request order (a fair lock is never handed over locally).
-    fair: bool = False
+    fair: bool = False  # taken in request order (so never handed over locally)
     name: str = dataclasses.field(init=False)
     owner: str = dataclasses.field(init=False)
     expires_at: float | None = dataclasses.field(init=False)
@@ -62,9 +51,8 @@ class Hold:
         self.lease = Lease(self, grant.name, grant.owner, grant.token, ttl)
 
     def end(self) -> None:
-        """The holding is over: its lease reads a copy of the final state from now on (the
-        hold and its lease no longer refer to each other, see :class:`Ended`)."""
-        settle(self.lease, Ended(self))
+        """The holding is over: its lease reads a copy of the final state (:class:`Ended`)."""
+        self.lease._hold = Ended(self.lost, self.lost_reason, self.expires_at)
 
     @property
     def active(self) -> bool:
@@ -78,23 +66,16 @@ class Hold:
         await self.lost_event.wait()
 
 
+@dataclasses.dataclass(slots=True)
 class Ended:
-    """What a :class:`Lease` reads once its holding is over: a copy of the final state.
+    """What a :class:`Lease` reads once its holding is over: a copy of the final state.  It
+    breaks the hold <-> lease cycle, so a finished holding is freed by reference counting
+    (the cyclic garbage collector's full collections stall the event loop)."""
 
-    The live hold and its lease refer to each other; replacing the lease's side by this copy
-    when the holding ends breaks that cycle, so a finished lock cycle is freed by reference
-    counting and leaves nothing for the cyclic garbage collector (whose full collections
-    stall the event loop).
-    """
-
-    __slots__ = ("expires_at", "lost", "lost_reason")
-
-    released = True
-
-    def __init__(self, hold: Hold) -> None:
-        self.lost = hold.lost
-        self.lost_reason = hold.lost_reason
-        self.expires_at = hold.expires_at
+    lost: bool
+    lost_reason: str | None
+    expires_at: float | None
+    released: ClassVar[bool] = True
 
     async def wait_lost(self) -> None:
         if self.lost:
@@ -102,11 +83,9 @@ class Ended:
         await asyncio.get_running_loop().create_future()  # a kept lease is never lost
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class BodyEntry:
     """One ``async with`` level around a body: the task to cancel when the lease is lost."""
 
-    __slots__ = ("cancel_requested", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.cancel_requested = False
+    task: asyncio.Task[Any]
+    cancel_requested: bool = False

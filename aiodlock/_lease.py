@@ -10,21 +10,14 @@ from ._types import LockStatus
 if TYPE_CHECKING:
     from ._hold import Ended, Hold
 
-__all__ = ["Lease", "LockStatus", "holding", "settle"]
+__all__ = ["Lease", "LockStatus"]
 
 
 class Lease:
-    """One holding of a lock by one owner (an asyncio task of a client).
-
-    A nested (reentrant) acquire by the same task returns the same ``Lease``.
-    """
+    """One holding of a lock by one owner (a task, or an ``owner=`` key, of a client); a
+    reentrant acquire by the same owner returns the same ``Lease``."""
 
     __slots__ = ("_hold", "name", "owner", "token", "ttl")
-
-    name: str
-    token: int
-    owner: str
-    ttl: float | None
 
     def __init__(self, hold: Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
         #: The holding while it lasts; a copy of its final state once it is over.
@@ -52,10 +45,8 @@ class Lease:
 
     @property
     def expires_in(self) -> float | None:
-        """Seconds of guaranteed validity left (0.0 once lost or released).
-
-        ``None`` when the lease is bound to a server session that has no fixed end.
-        """
+        """Seconds of guaranteed validity left (0.0 once lost or released; ``None`` when the
+        lease is bound to a server session that has no fixed end)."""
         hold = self._hold
         if hold.lost or hold.released:
             return 0.0
@@ -70,13 +61,3 @@ class Lease:
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
         return f"<Lease {self.name!r} token={self.token} owner={self.owner!r} {state}>"
-
-
-def holding(lease: Lease) -> Hold | Ended:
-    """The holding behind ``lease`` (live, or the copy of its final state)."""
-    return lease._hold
-
-
-def settle(lease: Lease, ended: Ended) -> None:
-    """The holding behind ``lease`` is over: from now on it reads ``ended``."""
-    lease._hold = ended

@@ -1,15 +1,14 @@
 """One watchdog per client: renews every watchdog-mode lease and notices lost ones.
 
-Two heaps instead of one sleeping task per lock: renewals (every ``watchdog_ttl / 3``; those
-due within a tenth of that join one batch, a few pipelined round trips for thousands of
-leases) and expiries (a lease whose validity ends while held is lost).  A batch runs in its
-own task, so a slow server never delays expiry detection; a renewal that fails is retried
-until the lease's validity ends, one the server answers with "not yours" loses the lease.
+Two heaps instead of a task per lock: renewals (every ``watchdog_ttl / 3``; those due within
+a tenth of that join one batch, pipelined) and expiries (a lease that ends while held is lost).
+A batch runs in its own task, so a slow server never delays expiry detection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -26,11 +25,6 @@ if TYPE_CHECKING:
     from ._hold import Hold
     from .backends._base import Backend
 
-#: How the watchdog reports a lost lease: ``(hold, reason)``.
-MarkLost = Callable[["Hold", str], None]
-#: How it runs a renewal batch in a task of the client's: ``(coroutine, name)``.
-Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-
 __all__ = ["Watchdog"]
 
 log = logging.getLogger("aiodlock")
@@ -41,40 +35,33 @@ class Watchdog:
         self,
         backend: Backend,
         config: CommonConfig,
-        *,
         label: str,
-        spawn: Spawn,
-        mark_lost: MarkLost,
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
+        mark_lost: Callable[[Hold, str], None],
         holding: Callable[[], int],
     ) -> None:
         self._backend = backend
         self._config = config
+        self.interval = config.watchdog_ttl / 3  # (between two renewals of a lease)
         self._label = label
         self._spawn = spawn
         self._mark_lost = mark_lost
-        #: How many holds the client has (the heaps are compacted against it).
-        self._holding = holding
+        self._holding = holding  # (how many holds the client has: see _compact)
         self._renewals: list[tuple[float, int, int, Hold]] = []
         self._expiries: list[tuple[float, int, int, Hold]] = []
         self._seq = itertools.count()
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._session_bound = bool(backend.capabilities & Capability.SESSION_LEASE)
-        #: When the loop wakes next by itself; an earlier event needs a poke.
-        self._wake_at = math.inf
+        self._wake_at = math.inf  # when the loop wakes by itself (an earlier event pokes it)
         #: New holds whose first event is not before ``_wake_at``, with their generation:
         #: the loop schedules those still held when it wakes.  Most holds of a busy client
         #: are released long before that and never reach the heaps.
         self._pending: list[tuple[Hold, int]] = []
         self._pending_limit = 64
 
-    @property
-    def interval(self) -> float:
-        return self._config.watchdog_ttl / 3
-
     def start(self) -> None:
         if self._task is None:
-            self._clear()
             self._poke = asyncio.Event()
             self._wake_at = math.inf
             self._task = asyncio.get_running_loop().create_task(
@@ -85,13 +72,8 @@ class Watchdog:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
-        self._clear()
-
-    def _clear(self) -> None:
         for pending in (self._renewals, self._expiries, self._pending):
             pending.clear()
 
@@ -99,7 +81,6 @@ class Watchdog:
         return not hold.fixed_ttl and not self._session_bound
 
     def track(self, hold: Hold) -> None:
-        """Start watching a new hold."""
         first = math.inf
         if self._renews(hold):
             first = hold.renew_at = hold.acquired_at + self.interval
@@ -116,13 +97,6 @@ class Watchdog:
             # alive, and objects kept that way trigger the garbage collector's passes.
             pending[:] = [(h, g) for h, g in pending if g == h.generation and h.active]
             self._pending_limit = max(64, 2 * len(pending))
-
-    def _admit(self) -> None:
-        """Schedule the pending holds that are still held."""
-        pending, self._pending = self._pending, []
-        for hold, gen in pending:
-            if gen == hold.generation and hold.active:
-                self._schedule(hold)
 
     def untrack(self, hold: Hold) -> None:
         # Heap entries of an older generation are skipped when popped.
@@ -164,19 +138,19 @@ class Watchdog:
 
     async def _run(self) -> None:
         while True:
-            if self._pending:
-                self._admit()
+            pending, self._pending = self._pending, []
+            for hold, gen in pending:
+                if gen == hold.generation and hold.active:
+                    self._schedule(hold)
             now = monotonic()
             self._expire(now)
             batch = self._due_renewals(now)
             if batch:
-                for hold in batch:
-                    hold.renewing = True
                 self._spawn(self._renew(batch), "renew")
-            wake = self._next_wake()
+            heads = [heap[0][0] for heap in (self._renewals, self._expiries) if heap]
+            self._wake_at = wake = min(heads, default=math.inf)
             self._poke.clear()
-            self._wake_at = math.inf if wake is None else wake
-            timeout = None if wake is None else max(0.0, wake - monotonic())
+            timeout = None if wake == math.inf else max(0.0, wake - monotonic())
             # NOTE: asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for swallows
             # a cancel() that arrives once the poke is already set, and stop() then hangs.
             try:
@@ -185,17 +159,12 @@ class Watchdog:
             except TimeoutError:
                 pass
 
-    def _next_wake(self) -> float | None:
-        times = [heap[0][0] for heap in (self._renewals, self._expiries) if heap]
-        return min(times) if times else None
-
     def _expire(self, now: float) -> None:
         heap = self._expiries
         while heap and heap[0][0] <= now:
             _, _, gen, hold = heapq.heappop(heap)
-            if gen != hold.generation or not hold.active or hold.server_released:
-                continue
-            if hold.expires_at is None or hold.expires_at > now:
+            stale = gen != hold.generation or not hold.active or hold.server_released
+            if stale or hold.expires_at is None or hold.expires_at > now:
                 continue
             if hold.fixed_ttl:
                 reason = f"its fixed ttl of {hold.ttl:g} s ran out while it was held"
@@ -216,37 +185,35 @@ class Watchdog:
             _, _, gen, hold = heapq.heappop(heap)
             if gen != hold.generation or not hold.active or hold.renewing:
                 continue
+            hold.renewing = True
             batch.append(hold)
         return batch
 
     async def _renew(self, batch: list[Hold]) -> None:
-        backend = self._backend
         gens = [hold.generation for hold in batch]
-        ttl = self._config.watchdog_ttl
+        results: Any = None
+        error: BaseException | None = None
         try:
-            results: Any = None
-            error: BaseException | None = None
-            try:
-                # Bounded: a renewal past the earliest expiry in the batch is of no use.
-                with anyio.fail_after(self._config.op_timeout):
-                    results = await backend.renew([hold.grant for hold in batch], ttl)
-            except (LockError, TimeoutError, OSError) as exc:
-                error = exc
-            for i, hold in enumerate(batch):
-                hold.renewing = False
-                if hold.generation != gens[i] or not hold.active:
-                    continue
-                if error is not None:
-                    hold.last_error = str(error) or type(error).__name__
-                    log.warning("aiodlock: renewing %r failed: %s", hold.name, hold.last_error)
-                    hold.renew_at = monotonic() + min(self.interval / 4, 1.0)
-                    hold.generation += 1
-                    self._schedule(hold)
-                elif results[i] is None:
-                    self._mark_lost(hold, "the lease was gone or owned by someone else at renewal")
-                else:
-                    self.renewed(hold, results[i])
+            # Bounded: a renewal past the earliest expiry in the batch is of no use.
+            with anyio.fail_after(self._config.op_timeout):
+                grants = [hold.grant for hold in batch]
+                results = await self._backend.renew(grants, self._config.watchdog_ttl)
+        except (LockError, TimeoutError, OSError) as exc:
+            error = exc
         finally:
             for hold in batch:
                 hold.renewing = False
             self._poke.set()
+        for i, hold in enumerate(batch):
+            if hold.generation != gens[i] or not hold.active:
+                continue
+            if error is not None:
+                hold.last_error = str(error) or type(error).__name__
+                log.warning("aiodlock: renewing %r failed: %s", hold.name, hold.last_error)
+                hold.renew_at = monotonic() + min(self.interval / 4, 1.0)
+                hold.generation += 1
+                self._schedule(hold)
+            elif results[i] is None:
+                self._mark_lost(hold, "the lease was gone or owned by someone else at renewal")
+            else:
+                self.renewed(hold, results[i])

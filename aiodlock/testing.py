@@ -1,16 +1,8 @@
 """Helpers for testing code that uses aiodlock.
 
-``memory_client()`` gives a client on a fresh, private ``memory://`` space: locks behave as
-on a server (FIFO, fencing tokens, leases) but stay inside the process, so tests need no
-server.  Make two clients on the same space to test contention between "processes"::
-
-    import aiodlock.testing
-
-    async def test_only_one_worker_runs() -> None:
-        space = aiodlock.testing.new_space()
-        async with aiodlock.testing.memory_client(space) as a, \\
-                   aiodlock.testing.memory_client(space) as b:
-            ...
+``memory_client()`` gives a client on a fresh, private ``memory://`` space: locks behave as on
+a server (FIFO, fencing tokens, leases) but stay inside the process.  Two clients on one space
+(``memory_client(space)`` with ``space = new_space()``) contend like two processes.
 """
 
 from __future__ import annotations
@@ -31,6 +23,5 @@ def new_space() -> str:
 def memory_client(space: str | None = None, **options: Any) -> Client:
     """A client on the memory space ``space`` (a fresh private one by default)."""
     if space is None:
-        # (a space of its own: it goes when the client closes)
-        options.setdefault("private", True)
+        options.setdefault("private", True)  # (a space of its own: it goes with the client)
     return connect(f"memory://{space or new_space()}", **options)

@@ -1,10 +1,8 @@
 """``memory://[space]``: locks inside one process, for tests and single-process apps.
 
-Every client of the process that names the same space shares its locks, also across threads
-(each with its own event loop); different spaces are independent.  Locks are FIFO-fair: a
-release hands the lock straight to the oldest waiter (no barging), one fencing counter per
-space gives strictly increasing tokens, and a lease that is not renewed ends on time.
-"""
+The clients of a process that name the same space share its locks, also across threads.  Locks
+are FIFO-fair (a release hands the lock to the oldest waiter, no barging), one fencing counter
+per space gives strictly increasing tokens, and a lease that is not renewed ends on time."""
 
 from __future__ import annotations
 
@@ -97,7 +95,6 @@ class _Space:
         del self.names[key]
 
     def leave(self, key: Key, owner: str) -> None:
-        """``owner`` no longer waits for ``key``."""
         state = self.names.get(key)
         if state is not None:
             state.queue.pop(owner, None)
@@ -105,9 +102,8 @@ class _Space:
                 del self.names[key]
 
 
-# NOTE: process-wide by contract (clients of one process share a named space); this is the
-# one deliberate piece of global state in the library.  A private space is not in it: it
-# belongs to its client and goes with it.
+# NOTE: process-wide by contract (clients of one process share a named space): the library's
+# one deliberate global state.  A private space (a test's, see testing.py) is not in it.
 _SPACES: dict[str, _Space] = {}
 
 
@@ -118,8 +114,6 @@ class MemoryBackend(Backend):
     def __init__(self, space: str, config: CommonConfig, private: bool = False) -> None:
         self.space_name = space
         self.config = config
-        #: A space of this client's own, not shared by name (a test's: see testing.py).
-        self.private = private
         self._space = _Space() if private else _SPACES.setdefault(space, _Space())
 
     @classmethod
