@@ -47,7 +47,7 @@ async def _child(url: str, variant: str, cycles: int) -> None:
 
     async with aiodlock.connect(url) as client:
         lock = client.lock("instructions")
-        await lock.acquire()
+        owner = (await lock.acquire()).owner  # (this task's owner string)
         await lock.release()
         if variant == "lib":
             for _ in range(cycles):
@@ -55,7 +55,6 @@ async def _child(url: str, variant: str, cycles: int) -> None:
                 await lock.release()
             return
         backend = client.backend
-        owner = client.current_owner()
         if variant == "backend":
             request = Request("instructions-backend", owner, 30.0)
             for _ in range(cycles):
