@@ -94,10 +94,6 @@ class SQLiteDialect(Dialect):
 SQLITE = SQLiteDialect()
 
 
-class _Abandoned(Exception):
-    """A job whose caller gave up before it started; it never touches the database."""
-
-
 @dataclasses.dataclass(slots=True)
 class _Job:
     """One call on the connection, run by a worker thread."""
@@ -269,7 +265,7 @@ class SQLiteBackend(Backend):
         # Runs in a worker thread.
         with self._thread_lock:
             if job.cancelled:
-                raise _Abandoned
+                return None  # its caller gave up before it started: no effect at all
             if self._conn is None:
                 raise sqlite3.ProgrammingError("the backend is closed")
             return job.fn(self._conn, job)
