@@ -63,6 +63,7 @@ async def acquire_loop(
         try:
             busy = _still_busy(waiter, first, first_sent)
             outage: Pauses | None = None
+            woken = False
             while True:
                 if busy is None:
                     if monotonic() >= urgent_at:
@@ -74,7 +75,7 @@ async def acquire_loop(
                             result = await backend.try_acquire(request, will_wait=True)
                         else:
                             assert local is not None
-                            result = await local.attempt(entry)
+                            result = await local.attempt(entry, woken)
                     except BackendError as exc:
                         if not exc.transient:
                             raise
@@ -89,6 +90,7 @@ async def acquire_loop(
                         msg = "aiodlock: waiting for %r: %s; trying again in %.3f s"
                         log.debug(msg, request.name, exc, pause)
                         await waiter.wait(pause)
+                        woken = False
                         continue
                     outage = None
                     if isinstance(result, Grant):
@@ -109,8 +111,6 @@ async def acquire_loop(
                     # (an owner about to turn urgent wakes then: nobody may announce a
                     # release to it while the lock passes between another process's tasks)
                     woken = await waiter.wait(_sleep_for(busy, min(remaining, urgent_at - now)))
-                if entry is not None:
-                    entry.woken = woken
                 busy = None
         except BaseException as exc:
             if entry is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
@@ -83,15 +84,14 @@ class Wakeup:
                 timer.cancel()
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Slot:
-    """One local waiter's place on a :class:`WakeupBoard`."""
+    """One local waiter's place on a :class:`WakeupBoard`; ``tag`` names it in a wake-up
+    meant for it alone."""
 
-    __slots__ = ("event", "name", "tag")
-
-    def __init__(self, name: str = "", tag: object = None) -> None:
-        self.event = Wakeup()
-        self.name = name
-        self.tag = tag  # (names this waiter in a wake-up meant for it alone)
+    name: str = ""
+    tag: object = None
+    event: Wakeup = dataclasses.field(default_factory=Wakeup)
 
 
 class WakeupBoard:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._errors import LockError
-from ._types import Capability, CommonConfig, monotonic
+from ._types import Capability, monotonic
 
 if TYPE_CHECKING:
     from ._hold import Hold
@@ -34,15 +34,14 @@ class Watchdog:
     def __init__(
         self,
         backend: Backend,
-        config: CommonConfig,
         label: str,
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         mark_lost: Callable[[Hold, str], None],
         holding: Callable[[], int],
     ) -> None:
         self._backend = backend
-        self._config = config
-        self.interval = config.watchdog_ttl / 3  # (between two renewals of a lease)
+        self._config = backend.config
+        self.interval = self._config.watchdog_ttl / 3  # (between two renewals of a lease)
         self._label = label
         self._spawn = spawn
         self._mark_lost = mark_lost
@@ -114,7 +113,7 @@ class Watchdog:
     def _schedule(self, hold: Hold) -> None:
         gen = hold.generation
         earliest = math.inf
-        if hold.renew_at is not None and self._renews(hold) and not hold.renewing:
+        if hold.renew_at is not None and not hold.renewing:  # (set only for a renewed lease)
             heapq.heappush(self._renewals, (hold.renew_at, next(self._seq), gen, hold))
             earliest = hold.renew_at
         if hold.expires_at is not None:
