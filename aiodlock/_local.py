@@ -118,9 +118,8 @@ class LocalWaiters:
         return self._released(grant.name, self._backend.start_release(grant))
 
     async def _released(self, name: str, pending: Awaitable[bool]) -> bool:
-        """A plain release's answer; reserves the next attempt for the local waiter that the
-        server's announcement will wake, if it reaches one here (its subscription confirmed:
-        a reservation for a waiter never woken would stall every local task)."""
+        """A plain release's answer; reserves the next attempt for a local waiter that the
+        server's announcement reaches (a reservation for one never woken stalls the rest)."""
         released = await pending
         entries = self._names.get(name, {})
         if released and any(e.waiter.listening() for e in entries.values()):
@@ -128,9 +127,8 @@ class LocalWaiters:
         return released
 
     async def _turn_on(self, grant: Grant, pending: Awaitable[bool]) -> bool:
-        """(local turns) Once the release is answered, whatever its outcome, wake the next
-        local waiter at once, and reserve the next attempt for the waiters: the releasing
-        task must not barge back in (nor past an attempt already on its way)."""
+        """(local turns) Once the release is answered, wake the next local waiter and reserve
+        the next attempt for the waiters: the releaser must not barge back in."""
         try:
             return await pending
         finally:
@@ -172,9 +170,8 @@ class LocalWaiters:
             entry.delivered = result
             entry.waiter.wake()
             return True
-        # NOTE: released without a hand-over, the protocol gave the turn to someone else (the
-        # first in a line on the server, which lets nobody past it): no reservation here,
-        # which would only hold this client's waiters back while another process goes first.
+        # NOTE: released without a hand-over (the server's line goes first): no reservation,
+        # which would only hold this client's waiters back meanwhile.
         return result
 
     # -- waiting ------------------------------------------------------------------------------
@@ -202,8 +199,7 @@ class LocalWaiters:
         self, request: Request, will_wait: bool, entry: Entry | None = None, woken: bool = False
     ) -> Grant | Busy:
         """An owner's attempt (``entry``: one of the waiters here): Busy while the next attempt
-        is another's (a reservation for a woken waiter, or with local turns another task of
-        this client holding the name or asking for it), else the server's answer."""
+        is another local owner's (a reservation, a turn), else the server's answer."""
         name = request.name
         turns = self.turns
         if turns:
@@ -254,9 +250,8 @@ class LocalWaiters:
         self._asking.clear()
 
     async def settle(self, entry: Entry) -> None:
-        """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left
-        it.  Runs in the waiting owner's own task (shielded by the caller), so that owner
-        cannot meanwhile ask again."""
+        """A waiter leaves: give back what a hand-off left it (in its own task, shielded, so
+        that it cannot ask again meanwhile)."""
         transfer = entry.transfer
         if transfer is not None:
             # (the releaser's round trip is bounded by op_timeout)
