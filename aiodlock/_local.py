@@ -176,7 +176,7 @@ class LocalWaiters:
 
     # -- waiting ------------------------------------------------------------------------------
 
-    async def attempt(self, entry: Entry, woken: bool) -> Grant | Busy:
+    async def attempt(self, entry: Entry, woken: bool = False) -> Grant | Busy:
         """One attempt of a waiting owner (``woken``: a wake-up ended its last sleep): a grant
         a hand-off delivered (no round trip), else as :meth:`first`."""
         if entry.transfer is not None:
