@@ -48,6 +48,7 @@ __all__ = ["Client", "OnLost", "connect", "default_url"]
 log = logging.getLogger("aiodlock")
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_UNRELEASED = "unless the server did it, the lock stays held until its lease ends"
 
 
 def default_url() -> str:
@@ -105,16 +106,14 @@ class Client:
         self._backend = backend
         self._config = backend.config
         self._default_acquire = type(backend).acquire is Backend.acquire
-        op_timeout = self._config.op_timeout
-        self._local = LocalWaiters(backend, window=min(0.1, op_timeout), patience=op_timeout * 2)
+        self._local = LocalWaiters(backend)
         #: A unique string per client instance; owners are ``f"{id}:{n}"`` (a task) and
         #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
         self._holding: dict[str, int] = {}  # owner -> how many of _holds are its
-        #: A task's owner string, by a weak reference to the task (an entry goes when its
-        #: task is freed).  NOTE: looked up with a plain ``weakref.ref(task)``, which equals
-        #: the stored one: WeakKeyDictionary.get does the same, one Python call slower.
+        #: A task's owner, by a weak reference to the task (looked up with a plain
+        #: ``weakref.ref(task)``: one Python call less than a WeakKeyDictionary).
         self._owners: dict[weakref.ref[asyncio.Task[Any]], str] = {}
         # (drops the entry of a freed task; refers to the dict only, not to the client)
         self._owner_gone = functools.partial(dict.pop, self._owners)
@@ -129,7 +128,7 @@ class Client:
         self._releasing = InFlight()  # holds being released on the server (close() waits)
         self._open_lock = asyncio.Lock()
         self._watchdog = Watchdog(
-            backend, self._config, self.id, self.spawn, self._mark_lost, self._holds.__len__
+            backend, self.id, self.spawn, self._mark_lost, self._holds.__len__
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
@@ -181,9 +180,8 @@ class Client:
             self._watchdog.start()
 
     async def close(self) -> None:
-        """End every wait (it raises :class:`LockError`), release every lock (a body still
-        running sees its lease as lost), stop the watchdog, disconnect: nothing of the client
-        is left on the server.  A closed client refuses acquisitions until reopened."""
+        """End every wait (with :class:`LockError`), release every lock (a body still running
+        sees its lease lost), disconnect; a closed client refuses acquisitions until reopened."""
         self._here()
         if self._state != "open":
             return
@@ -191,10 +189,9 @@ class Client:
         # (a task's end callback would keep a closed client alive as long as the task)
         self._watch_tasks(False)
         with anyio.CancelScope(shield=True):
-            # NOTE: the order matters.  Waits end first, each cleaning up after itself
-            # through the open backend (bounded); then the holds are released, and no local
-            # waiter is left to hand one to; the backend closes last, once the releases
-            # begun by cancelled tasks are through as well.
+            # NOTE: in this order: the waits end (each cleans up through the open backend),
+            # then the holds are released (no local waiter is left to hand one to), and the
+            # backend closes once the releases begun by cancelled tasks are through.
             current = asyncio.current_task()
             for task in self._acquiring:
                 assert isinstance(task, asyncio.Task)
@@ -378,8 +375,7 @@ class Client:
         self._acquiring.add(task)
         try:
             if self._default_acquire:
-                # Backend.acquire() is the shared loop: make its first attempt here (one
-                # coroutine less per uncontended acquire), the loop only if it was busy.
+                # Backend.acquire's own steps (one coroutine less per uncontended acquire).
                 local = self._local
                 will_wait = deadline is None or deadline > started
                 if local.turns or local.reservations:
@@ -418,8 +414,7 @@ class Client:
         if grant is None:
             notify(self._observers, "on_timeout", name, owner, monotonic() - started)
             raise LockTimeout(f"lock {name!r} was not acquired within {timeout} s")
-        # NOTE: no await between the grant and registering the hold: a cancellation cannot
-        # fall in between and leave a grant nobody tracks.
+        # NOTE: no await from the grant to its hold: no cancellation can leave it untracked.
         hold = Hold(grant, lease_ttl, ttl is not None, lock.on_lost, lock.fair)
         if hold.fixed_ttl and hold.expires_at is None:
             # A session-bound grant has no end of its own: the core enforces a fixed ttl.
@@ -438,12 +433,8 @@ class Client:
             try:
                 await self._backend.abandon(request)
             except Exception:
-                log.warning(
-                    "aiodlock: could not clean up an interrupted acquire of %r; the server "
-                    "lets it expire with its lease",
-                    request.name,
-                    exc_info=True,
-                )
+                msg = "aiodlock: could not clean up an interrupted acquire of %r; the server "
+                log.warning(msg + "lets it expire with its lease", request.name, exc_info=True)
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         """A task that used this client ended: release what it still holds (a bug of the
@@ -454,11 +445,8 @@ class Client:
         if owner is None or not self._holding.get(owner):
             return
         for hold in [h for h in self._holds.values() if h.owner == owner and not h.released]:
-            log.warning(
-                "aiodlock: task %r ended while holding lock %r; releasing it",
-                task.get_name(),
-                hold.name,
-            )
+            msg = "aiodlock: task %r ended while holding lock %r; releasing it"
+            log.warning(msg, task.get_name(), hold.name)
             self._forget(hold)
             self.spawn(self._server_release(hold), f"release-orphan:{hold.name}")
 
@@ -484,8 +472,8 @@ class Client:
         return hold
 
     def release(self, name: str, key: str | None = None) -> Awaitable[None]:
-        """One release of ``name`` by ``owner=key``, or else by the calling task (what to
-        await: one coroutine less per release; LockNotOwned is raised at once)."""
+        """One release of ``name`` by ``owner=key``, or else by the calling task (not a
+        coroutine: one less per release)."""
         return self.release_hold(self._held(name, key))
 
     async def release_hold(self, hold: Hold) -> None:
@@ -513,8 +501,8 @@ class Client:
         return self._local.start_release(hold.grant, hold.fair)
 
     async def _server_release(self, hold: Hold, started: Awaitable[bool] | None = None) -> None:
-        """Release ``hold`` on the server once; a cancellation cannot stop it half-way.
-        ``started``: begun by release_hold, whose caller gets a BackendError."""
+        """Release ``hold`` on the server once, even if cancelled; ``started`` (by
+        release_hold): its caller gets a BackendError."""
         raise_errors = started is not None
         if started is None:
             started = self._begin_server_release(hold)
@@ -522,7 +510,6 @@ class Client:
                 return
         self._releasing.add(hold)
         try:
-            # Each backend round trip is bounded by op_timeout in the backend itself.
             if not await started and not hold.lost:
                 self._mark_lost(
                     hold,
@@ -530,12 +517,7 @@ class Client:
                     at_release=True,
                 )
         except BackendError as error:
-            log.warning(
-                "aiodlock: releasing %r failed (%s); unless the server did it, the lock "
-                "stays held until its lease ends",
-                hold.name,
-                error,
-            )
+            log.warning("aiodlock: releasing %r failed (%s); %s", hold.name, error, _UNRELEASED)
             if raise_errors and not hold.lost:
                 raise
         except BaseException:
@@ -546,10 +528,7 @@ class Client:
                     await self._backend.release(hold.grant)
                 except Exception:
                     log.warning(
-                        "aiodlock: releasing %r failed; unless the server did it, the lock "
-                        "stays held until its lease ends",
-                        hold.name,
-                        exc_info=True,
+                        "aiodlock: releasing %r failed; %s", hold.name, _UNRELEASED, exc_info=True
                     )
             raise
         finally:

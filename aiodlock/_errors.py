@@ -96,25 +96,11 @@ def translating(
         raise
     except timeouts as exc:
         raise BackendTimeout(f"{backend}: {what} timed out") from exc
-    except transient as exc:
-        raise _failed(backend, what, exc, secrets, transient=True) from exc
-    except errors as exc:
-        raise _failed(backend, what, exc, secrets) from exc
-
-
-def _failed(
-    backend: str,
-    what: str,
-    exc: BaseException,
-    secrets: tuple[str, ...],
-    *,
-    transient: bool = False,
-) -> BackendError:
-    error = BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}")
-    # (a refused, reset or broken connection is transient whatever the driver lists)
-    if transient or isinstance(exc, ConnectionError):
-        error.transient = True
-    return error
+    except (*transient, *errors) as exc:
+        error = BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}")
+        if isinstance(exc, (*transient, ConnectionError)):
+            error.transient = True
+        raise error from exc
 
 
 def describe(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:

@@ -68,9 +68,8 @@ class Hold:
 
 @dataclasses.dataclass(slots=True)
 class Ended:
-    """What a :class:`Lease` reads once its holding is over: a copy of the final state.  It
-    breaks the hold <-> lease cycle, so a finished holding is freed by reference counting
-    (the cyclic garbage collector's full collections stall the event loop)."""
+    """What a :class:`Lease` reads once its holding is over; it breaks the hold <-> lease cycle
+    (freed by reference counting: the cyclic collector's full passes stall the loop)."""
 
     lost: bool
     lost_reason: str | None

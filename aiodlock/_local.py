@@ -1,18 +1,9 @@
-"""Layer 2: a client's own waiters, and the hand-off of a lock between them (never between
-clients without the server, never to a fair request: its order is the server's).
-
-When a task releases a name that another task of the SAME client waits for, the core
-decides what happens; a backend only says what its protocol does better:
-
-* **transfer** (:attr:`Capability.TRANSFER`): the backend releases and grants to the
-  receiver the core picks (the oldest waiter not busy with an attempt of its own) in one
-  round trip; the core delivers the grant and settles it if the receiver leaves meanwhile;
-* **reservation**: after a release that will wake a local waiter, the next attempt on the
-  name is that waiter's for a short window (see :class:`~._wakeup.Reservations`);
-* **local turns** (:attr:`Capability.LOCAL_TURNS`, a quorum protocol): one attempt per name
-  at a time, an attempt answered locally while another owner of the client holds the name,
-  and a release wakes the next local waiter itself (not one pausing after a split vote).
-"""
+"""Layer 2: a client's own waiters, and the hand-off of a lock between them (never to a fair
+request: its order is the server's).  A release that a waiting task of the SAME client can
+take is a **transfer** (:attr:`Capability.TRANSFER`: to the oldest waiter not busy with an
+attempt of its own, in one round trip), else a **reservation** of the next attempt for the
+waiter it wakes (:class:`~._wakeup.Reservations`); with **local turns**
+(:attr:`Capability.LOCAL_TURNS`) the client's owners ask one at a time."""
 
 from __future__ import annotations
 
@@ -49,8 +40,6 @@ class Entry:
     uncertain: bool = False
     attempting: bool = False
     granted: bool = False
-    #: A wake-up ended the owner's last sleep and its attempt is not made yet.
-    woken: bool = False
     #: No attempt before then (monotonic): the pause after a split vote.
     not_before: float = 0.0
 
@@ -66,19 +55,18 @@ class Entry:
 class LocalWaiters:
     """The non-fair waiters of one client, by name then owner (oldest first)."""
 
-    def __init__(self, backend: Backend, *, window: float, patience: float) -> None:
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._names: dict[str, dict[str, Entry]] = {}
-        self.reservations = Reservations(window)
+        op_timeout = backend.config.op_timeout
+        self.reservations = Reservations(min(0.1, op_timeout))
         self.transfers = bool(backend.capabilities & Capability.TRANSFER)
         self.turns = bool(backend.capabilities & Capability.LOCAL_TURNS)
         #: (local turns) name -> (owner, until): held by that owner of this client
         self._holders: dict[str, tuple[str, float]] = {}
-        #: (local turns) names with an attempt on its way -> whether another waiter was told
-        #: to wait for it (to be woken if it fails)
+        #: (local turns) names asked for now -> whether a waiter waits for that answer
         self._asking: dict[str, bool] = {}
-        #: How long a leaving waiter waits for a hand-off's answer (it is bounded anyway).
-        self._patience = patience
+        self._patience = op_timeout * 2  # (a leaving waiter's wait for a hand-off's answer)
 
     def __bool__(self) -> bool:
         return bool(self._names)
@@ -130,9 +118,8 @@ class LocalWaiters:
         return self._released(grant.name, self._backend.start_release(grant))
 
     async def _released(self, name: str, pending: Awaitable[bool]) -> bool:
-        """A plain release's answer; reserves the next attempt for the local waiter that the
-        server's announcement will wake, if it reaches one here (its subscription confirmed:
-        a reservation for a waiter never woken would stall every local task)."""
+        """A plain release's answer; reserves the next attempt for a local waiter that the
+        server's announcement reaches (a reservation for one never woken stalls the rest)."""
         released = await pending
         entries = self._names.get(name, {})
         if released and any(e.waiter.listening() for e in entries.values()):
@@ -140,9 +127,8 @@ class LocalWaiters:
         return released
 
     async def _turn_on(self, grant: Grant, pending: Awaitable[bool]) -> bool:
-        """(local turns) Once the release is answered, whatever its outcome, wake the next
-        local waiter at once, and reserve the next attempt for the waiters: the releasing
-        task must not barge back in (nor past an attempt already on its way)."""
+        """(local turns) Once the release is answered, wake the next local waiter and reserve
+        the next attempt for the waiters: the releaser must not barge back in."""
         try:
             return await pending
         finally:
@@ -184,16 +170,15 @@ class LocalWaiters:
             entry.delivered = result
             entry.waiter.wake()
             return True
-        # NOTE: released without a hand-over, the protocol gave the turn to someone else (the
-        # first in a line on the server, which lets nobody past it): no reservation here,
-        # which would only hold this client's waiters back while another process goes first.
+        # NOTE: released without a hand-over (the server's line goes first): no reservation,
+        # which would only hold this client's waiters back meanwhile.
         return result
 
     # -- waiting ------------------------------------------------------------------------------
 
-    async def attempt(self, entry: Entry) -> Grant | Busy:
-        """One attempt of a waiting owner: a grant a hand-off delivered (no round trip),
-        else as :meth:`first`."""
+    async def attempt(self, entry: Entry, woken: bool = False) -> Grant | Busy:
+        """One attempt of a waiting owner (``woken``: a wake-up ended its last sleep): a grant
+        a hand-off delivered (no round trip), else as :meth:`first`."""
         if entry.transfer is not None:
             # A hand-off to this owner is under way: its answer decides (asking the server
             # meanwhile could take the same grant twice).
@@ -201,22 +186,20 @@ class LocalWaiters:
         delivered = entry.delivered
         if delivered is not None:
             entry.delivered = None
-            entry.woken = False
             entry.granted = True
             return delivered
         # NOTE: no await from the check of entry.delivered to entry.attempting: a release
         # either handed over before (taken above) or sees that flag and picks another receiver.
-        result = await self.first(entry.request, True, entry)
+        result = await self.first(entry.request, True, entry, woken)
         if isinstance(result, Grant):
             entry.granted = True
         return result
 
     async def first(
-        self, request: Request, will_wait: bool, entry: Entry | None = None
+        self, request: Request, will_wait: bool, entry: Entry | None = None, woken: bool = False
     ) -> Grant | Busy:
         """An owner's attempt (``entry``: one of the waiters here): Busy while the next attempt
-        is another's (a reservation for a woken waiter, or with local turns another task of
-        this client holding the name or asking for it), else the server's answer."""
+        is another local owner's (a reservation, a turn), else the server's answer."""
         name = request.name
         turns = self.turns
         if turns:
@@ -225,7 +208,6 @@ class LocalWaiters:
                 left = holder[1] - monotonic()
                 if left > 0:
                     return Busy(left)  # another owner of this client holds it: no round trip
-        woken = entry is not None and entry.woken
         reservations = self.reservations
         reserved = False
         if reservations and will_wait and not (request.fair or request.urgent):
@@ -242,7 +224,6 @@ class LocalWaiters:
                 return Busy(None)
             self._asking.setdefault(name, False)
         if entry is not None:
-            entry.woken = False
             entry.attempting = True
         result: Grant | Busy | None = None
         try:
@@ -264,15 +245,13 @@ class LocalWaiters:
         elif missed:
             self._wake_next(name)
 
-    def clear(self) -> None:
-        """The client closed: what it knew of its holders and attempts no longer holds."""
+    def clear(self) -> None:  # (the client closed)
         self._holders.clear()
         self._asking.clear()
 
     async def settle(self, entry: Entry) -> None:
-        """A waiter leaves (granted, timed out, cancelled): give back what a hand-off left
-        it.  Runs in the waiting owner's own task (shielded by the caller), so that owner
-        cannot meanwhile ask again."""
+        """A waiter leaves: give back what a hand-off left it (in its own task, shielded, so
+        that it cannot ask again meanwhile)."""
         transfer = entry.transfer
         if transfer is not None:
             # (the releaser's round trip is bounded by op_timeout)

@@ -150,8 +150,7 @@ class Lock:
                 except asyncio.CancelledError:
                     # (if somebody else cancelled the task too: release, then let it go on)
                     rethrow = asyncio.CancelledError()
-            # NOTE: as asyncio.timeout does: the cancellation this level requested is ours
-            # only if no other cancellation is pending on the task.
+            # NOTE: as in asyncio.timeout: ours only if no other cancellation is pending.
             if task.uncancel() == 0:
                 ours, rethrow = cancelled, None
         try:

@@ -1,9 +1,4 @@
-"""A small hook for metrics and logging layers.
-
-Subclass :class:`Observer`, override what you need and pass it to
-:meth:`aiodlock.Client.add_observer`.  Hooks run synchronously on the event loop: keep them
-cheap.  An exception in a hook is logged and never reaches the lock's caller.
-"""
+"""Hooks for metrics and logging layers."""
 
 from __future__ import annotations
 
@@ -19,7 +14,9 @@ log = logging.getLogger("aiodlock")
 
 
 class Observer:
-    """Receives lock events from one client.  Every method is a no-op by default."""
+    """Lock events of a client (:meth:`aiodlock.Client.add_observer`); override what you need.
+    Hooks run synchronously on the event loop, keep them cheap; an exception in one is logged
+    and never reaches the lock's caller."""
 
     def on_acquired(self, lease: Lease, waited: float) -> None:
         """A lock was acquired (not called for reentrant acquires) after ``waited`` seconds."""

@@ -1,7 +1,5 @@
-"""Layer 2: trying again after transient failures (:func:`retrying`, after kazoo's
-``KazooRetry``; :class:`Pauses` for a caller that sleeps its own way), and clean-up that must
-happen eventually (:class:`Guaranteed`, after Curator's ``delete().guaranteed()``).  A backend
-marks errors transient when it translates them; it does not loop."""
+"""Layer 2: trying again after transient failures (a backend marks them when it translates
+them; it does not loop), and clean-up that must happen eventually."""
 
 from __future__ import annotations
 
@@ -21,10 +19,9 @@ log = logging.getLogger("aiodlock")
 
 T = TypeVar("T")
 
-#: ``wait_ready(end)``: wait until the backend can be asked again (True) or until ``end``
-#: (monotonic; ``None``: no end) passes or it never will (False: e.g. it was closed).
+#: ``wait_ready(end)``: True once the backend can be asked again, False at ``end`` (monotonic;
+#: ``None``: no end) or if it never will (closed).
 ReadyWait = Callable[[float | None], Awaitable[bool]]
-#: Which failures are tried again; the default is :attr:`BackendError.transient`.
 RetryIf = Callable[[BackendError], bool]
 
 
@@ -38,8 +35,7 @@ def _earlier(a: float | None, b: float | None) -> float | None:
 
 
 class Pauses:
-    """Capped, jittered pauses while failures last, for at most ``limit`` seconds from now
-    (the first failure) and, in :meth:`pause`, until a deadline."""
+    """Capped, jittered pauses while failures last, for at most ``limit`` seconds from now."""
 
     __slots__ = ("_backoff", "_until")
 
@@ -76,13 +72,11 @@ async def retrying(
     first: float = 0.05,
     cap: float = 1.0,
 ) -> T:
-    """``await attempt()`` (safe to run again), run again while it raises a failure that
-    ``retry_if`` picks (default: :attr:`BackendError.transient`), after a pause of
-    :class:`Pauses` (``first``, ``cap``) or, with ``wait_ready``, as soon as the backend can be
-    asked again.  It raises the last error once ``until`` (monotonic) has passed, the
-    failures have lasted ``limit`` seconds (with ``wait_ready``: one wait for readiness would
-    outlast it, since a ready backend ends an outage), after ``tries`` runs, or when
-    ``wait_ready`` answers False."""
+    """``await attempt()`` (idempotent), again after each failure ``retry_if`` picks (default:
+    transient ones), after a :class:`Pauses` pause or, with ``wait_ready``, once the backend
+    is ready.  It raises the last error past ``until``, once failures lasted ``limit``
+    seconds (with ``wait_ready``: once one wait for readiness would outlast it), after
+    ``tries`` runs, or when ``wait_ready`` answers False."""
     should_retry = retry_if or _transient
     pauses: Pauses | None = None
     runs = 0
@@ -107,14 +101,11 @@ async def retrying(
 
 
 class Guaranteed:
-    """Clean-up actions that must succeed eventually, and the owner's background tasks.
-
-    What :meth:`run` could not do in time is kept for ONE background task, which waits until
-    the backend is ready (``wait_ready``), runs every kept action once, and after a failure
-    pauses (``pauses`` is ``(first, cap)``) or until :meth:`kick`.  An action is dropped when
-    it returns (also when it finds nothing left to do); it is never given up while the owner
-    lives: unexpected failures are logged as warnings and tried again all the same.
-    """
+    """Clean-up actions that must succeed eventually (after Curator's guaranteed delete), and
+    the owner's background tasks.  What :meth:`run` could not do in time is kept for ONE
+    background task: it waits for ``wait_ready``, runs each kept action once, then pauses
+    (``pauses``: first, cap) or until :meth:`kick`.  An action is dropped once it returns;
+    while the owner lives it is never given up (unexpected failures are logged)."""
 
     def __init__(
         self,
@@ -143,8 +134,7 @@ class Guaranteed:
     async def run(
         self, key: Hashable, action: Callable[[], Awaitable[T]], *, until: float | None
     ) -> T:
-        """Run ``action`` now, again after transient failures until ``until`` (monotonic);
-        whatever stops it short of success keeps it for the background under ``key``."""
+        """:func:`retrying` ``action`` until ``until``; on failure keep it under ``key``."""
         try:
             return await retrying(
                 action,
@@ -171,7 +161,7 @@ class Guaranteed:
         return True
 
     def kick(self) -> None:
-        """The server is back (or may be): run what is kept now, without the pause."""
+        """The server is back (or may be): run what is kept now."""
         self._kicked.set()
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:

@@ -1,7 +1,5 @@
 """Layer 0 (imports nothing of the library): the values the core and the backends exchange,
-and the clock.  New kinds of request (a read/write mode, a permit limit) are new fields of
-:class:`Request` with defaults: a backend that does not support them keeps working and says
-so through :class:`Capability`."""
+and the clock.  New kinds of request are new fields of :class:`Request` with defaults."""
 
 from __future__ import annotations
 

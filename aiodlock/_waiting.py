@@ -1,7 +1,5 @@
-"""Layer 2: the shared try-then-wait loop, the policy; a backend supplies one atomic attempt
-(``try_acquire``) and a wake-up source (``waiter``).  The waiter is entered BEFORE the retry
-that precedes each sleep, so a release between a failed attempt and the sleep is never
-missed."""
+"""Layer 2: the shared try-then-wait loop on a backend's ``try_acquire`` and ``waiter`` (entered
+BEFORE the retry that precedes each sleep: a release in between is never missed)."""
 
 from __future__ import annotations
 
@@ -63,6 +61,7 @@ async def acquire_loop(
         try:
             busy = _still_busy(waiter, first, first_sent)
             outage: Pauses | None = None
+            woken = False
             while True:
                 if busy is None:
                     if monotonic() >= urgent_at:
@@ -74,21 +73,20 @@ async def acquire_loop(
                             result = await backend.try_acquire(request, will_wait=True)
                         else:
                             assert local is not None
-                            result = await local.attempt(entry)
+                            result = await local.attempt(entry, woken)
                     except BackendError as exc:
                         if not exc.transient:
                             raise
-                        # NOTE: a waiter should outlive a failover: trying again is safe
-                        # because an attempt is idempotent for its owner, and if the loop gives
-                        # up, the caller abandons what the attempts left.  It gives up (raises
-                        # exc) at its deadline or when the failures have lasted as long as the
-                        # lease it asks for (every lease held through the outage is lost then).
+                        # NOTE: a waiter outlives a failover (an attempt is idempotent, and the
+                        # caller abandons what is left) until its deadline or until the failures
+                        # last as long as the lease it asks for (every held one is lost then).
                         if outage is None:
                             outage = Pauses(request.ttl)
                         pause = outage.pause(exc, deadline)
                         msg = "aiodlock: waiting for %r: %s; trying again in %.3f s"
                         log.debug(msg, request.name, exc, pause)
                         await waiter.wait(pause)
+                        woken = False
                         continue
                     outage = None
                     if isinstance(result, Grant):
@@ -109,8 +107,6 @@ async def acquire_loop(
                     # (an owner about to turn urgent wakes then: nobody may announce a
                     # release to it while the lock passes between another process's tasks)
                     woken = await waiter.wait(_sleep_for(busy, min(remaining, urgent_at - now)))
-                if entry is not None:
-                    entry.woken = woken
                 busy = None
         except BaseException as exc:
             if entry is not None:
@@ -141,12 +137,8 @@ async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
 async def _enter_waiter(
     context: AbstractAsyncContextManager[Waiter], deadline: float | None
 ) -> Waiter | None:
-    """Enter the waiter ``context``, at most until ``deadline`` (None: it passed first).
-
-    Setting a waiter up can take a round trip or more (a subscription, a watch): it must not
-    stretch ``timeout=X`` beyond X.  A context manager whose ``__aenter__`` fails undoes what
-    it had done itself.
-    """
+    """Enter the waiter ``context`` (a subscription, a watch: round trips), at most until
+    ``deadline`` (None: it passed first), so that it does not stretch ``timeout=X``."""
     loop = asyncio.get_running_loop()
     when = None if deadline is None else loop.time() + max(0.0, deadline - monotonic())
     bound = asyncio.timeout_at(when)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
@@ -83,21 +84,19 @@ class Wakeup:
                 timer.cancel()
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Slot:
-    """One local waiter's place on a :class:`WakeupBoard`."""
+    """One local waiter's place on a :class:`WakeupBoard`; ``tag`` names it in a wake-up
+    meant for it alone."""
 
-    __slots__ = ("event", "name", "tag")
-
-    def __init__(self, name: str = "", tag: object = None) -> None:
-        self.event = Wakeup()
-        self.name = name
-        self.tag = tag  # (names this waiter in a wake-up meant for it alone)
+    name: str = ""
+    tag: object = None
+    event: Wakeup = dataclasses.field(default_factory=Wakeup)
 
 
 class WakeupBoard:
-    """Local waiters by name, woken one at a time; a waiter that leaves with an unconsumed
-    wake-up passes it on.  ``single``: one wake-up on its way per name at most (every
-    Redlock node announces the same release)."""
+    """Local waiters by name, woken one at a time (a leaving waiter passes on its wake-up);
+    ``single``: one wake-up per name on its way at most (Redlock's nodes all announce one)."""
 
     def __init__(self, single: bool = False) -> None:
         self._slots: dict[str, dict[Slot, None]] = {}  # (an ordered set)
@@ -219,9 +218,8 @@ class Reservations:
 
 
 class BoardWaiter(Waiter):
-    """A waiter woken through its :class:`Slot` (of a :class:`WakeupBoard`, or of none: then it
-    only polls), polling with ``backoff`` (if any) while ``listening`` (if given) does not
-    say that a release would reach it."""
+    """A waiter woken through its :class:`Slot`, polling with ``backoff`` (if any) while
+    ``listening`` (if given) does not say that a release would reach it."""
 
     def __init__(
         self, slot: Slot, backoff: Backoff | None, listening: Callable[[], bool] | None = None
@@ -263,10 +261,9 @@ class BoardWaiter(Waiter):
 
 
 class Timer:
-    """ONE loop timer for any number of deadlines (on :func:`monotonic`): a timer per request
-    (armed, then cancelled a fraction of a millisecond later) would cost a heap push and a
-    cancellation each time.  :meth:`at` arms it for the earliest deadline asked so far; when
-    it fires it calls ``due(now)``, which returns the next deadline or None to rest."""
+    """ONE loop timer for any number of deadlines (a timer per request would cost a heap push
+    and a cancellation each): :meth:`at` arms it for the earliest asked; when it fires it
+    calls ``due(now)``, which returns the next deadline or None."""
 
     __slots__ = ("_when", "due", "handle")
 
@@ -298,12 +295,10 @@ class Timer:
 
 
 class SharedBoard:
-    """A :class:`WakeupBoard` that the backends of one process share per resource (say, a
-    database file), so that two clients hear each other's releases at once instead of at
-    their next poll, also from two event loops (threads): each loop has its board, and a
-    release that finds no waiter on its own loop's board rings one on each other loop's.
-    The registry (by resource, then by loop) is the core's one process-wide state; an entry
-    lives while a backend that joined it has not left."""
+    """A :class:`WakeupBoard` per resource (a database file) and event loop, shared by the
+    backends of a process so that clients hear each other's releases at once, not at their
+    next poll; a release with no waiter on its loop's board rings one on each other loop's.
+    The registry is the core's one process-wide state; an entry lives while joined."""
 
     _registry: ClassVar[dict[Hashable, dict[asyncio.AbstractEventLoop, SharedBoard]]] = {}
     _mutex: ClassVar[threading.Lock] = threading.Lock()
@@ -327,7 +322,6 @@ class SharedBoard:
         return shared
 
     def leave(self) -> None:
-        """Call it once per :meth:`join`."""
         with self._mutex:
             self._users -= 1
             boards = self._registry.get(self._resource, {})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._errors import LockError
-from ._types import Capability, CommonConfig, monotonic
+from ._types import Capability, monotonic
 
 if TYPE_CHECKING:
     from ._hold import Hold
@@ -34,19 +34,18 @@ class Watchdog:
     def __init__(
         self,
         backend: Backend,
-        config: CommonConfig,
         label: str,
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         mark_lost: Callable[[Hold, str], None],
         holding: Callable[[], int],
     ) -> None:
         self._backend = backend
-        self._config = config
-        self.interval = config.watchdog_ttl / 3  # (between two renewals of a lease)
+        self._config = backend.config
+        self.interval = self._config.watchdog_ttl / 3  # (between two renewals of a lease)
         self._label = label
         self._spawn = spawn
         self._mark_lost = mark_lost
-        self._holding = holding  # (how many holds the client has: see _compact)
+        self._holding = holding  # (how many holds the client has)
         self._renewals: list[tuple[float, int, int, Hold]] = []
         self._expiries: list[tuple[float, int, int, Hold]] = []
         self._seq = itertools.count()
@@ -54,9 +53,8 @@ class Watchdog:
         self._task: asyncio.Task[None] | None = None
         self._session_bound = bool(backend.capabilities & Capability.SESSION_LEASE)
         self._wake_at = math.inf  # when the loop wakes by itself (an earlier event pokes it)
-        #: New holds whose first event is not before ``_wake_at``, with their generation:
-        #: the loop schedules those still held when it wakes.  Most holds of a busy client
-        #: are released long before that and never reach the heaps.
+        #: New holds due no earlier than ``_wake_at`` (with their generation), scheduled when
+        #: the loop wakes if still held: most are released before and never reach the heaps.
         self._pending: list[tuple[Hold, int]] = []
         self._pending_limit = 64
 
@@ -93,8 +91,7 @@ class Watchdog:
         pending = self._pending
         pending.append((hold, hold.generation))
         if len(pending) > self._pending_limit:
-            # Drop the released ones soon: each keeps its hold (and the lease, the grant...)
-            # alive, and objects kept that way trigger the garbage collector's passes.
+            # Drop the released ones: kept alive, they trigger the garbage collector's passes.
             pending[:] = [(h, g) for h, g in pending if g == h.generation and h.active]
             self._pending_limit = max(64, 2 * len(pending))
 
@@ -114,14 +111,13 @@ class Watchdog:
     def _schedule(self, hold: Hold) -> None:
         gen = hold.generation
         earliest = math.inf
-        if hold.renew_at is not None and self._renews(hold) and not hold.renewing:
+        if hold.renew_at is not None and not hold.renewing:  # (set only for a renewed lease)
             heapq.heappush(self._renewals, (hold.renew_at, next(self._seq), gen, hold))
             earliest = hold.renew_at
         if hold.expires_at is not None:
             heapq.heappush(self._expiries, (hold.expires_at, next(self._seq), gen, hold))
             earliest = min(earliest, hold.expires_at)
-        # NOTE: the loop sleeps until _wake_at; only an earlier event must wake it (an
-        # acquire on the hot path then costs no context switch of the watchdog).
+        # NOTE: only an event before _wake_at wakes the loop (the hot path costs no switch).
         if earliest < self._wake_at:
             self._wake_at = earliest
             self._poke.set()
@@ -129,8 +125,7 @@ class Watchdog:
             self._compact()
 
     def _compact(self) -> None:
-        # Released holds leave stale entries behind until they are due; drop them when
-        # they dominate, so a high acquire rate cannot grow the heaps without bound.
+        # Released holds leave stale entries until due: drop them when they dominate.
         for heap in (self._renewals, self._expiries):
             if len(heap) > 1024 and len(heap) > 4 * self._holding():
                 heap[:] = [e for e in heap if e[2] == e[3].generation and e[3].active]

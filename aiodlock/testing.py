@@ -1,9 +1,6 @@
-"""Helpers for testing code that uses aiodlock.
-
-``memory_client()`` gives a client on a fresh, private ``memory://`` space: locks behave as on
-a server (FIFO, fencing tokens, leases) but stay inside the process.  Two clients on one space
-(``memory_client(space)`` with ``space = new_space()``) contend like two processes.
-"""
+"""Helpers for testing code that uses aiodlock: clients on ``memory://`` spaces, where locks
+behave as on a server but stay in the process; two clients on one space contend like two
+processes."""
 
 from __future__ import annotations
 

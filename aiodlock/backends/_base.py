@@ -50,9 +50,8 @@ class Backend(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        """Build from a parsed URL (no I/O here).  Take what you know of ``options`` (the URL's
-        query options and the keyword options the core did not consume) with the ``take_*``
-        helpers of ``aiodlock._url``: the core raises a ConfigurationError for the rest."""
+        """Build from a parsed URL (no I/O); take your ``options`` with ``aiodlock._url``'s
+        ``take_*`` helpers: the core refuses what is left."""
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -68,13 +67,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        """ONE atomic attempt: a :class:`Grant`, or :class:`Busy` (with the holder's remaining
-        lease when the server tells it).
-
-        ``will_wait`` is False for a try-lock: then a denied attempt must leave nothing on
-        the server (no queue entry).  When it is True a fair backend may keep the owner's
-        place in its queue; the core guarantees a later :meth:`abandon` if no grant follows.
-        """
+        """ONE atomic attempt: a :class:`Grant`, or :class:`Busy`.  Without ``will_wait`` (a
+        try-lock) a denied attempt leaves nothing on the server; with it a fair backend may
+        keep the owner's place in line (the core calls :meth:`abandon` if no grant follows)."""
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         """The wake-up source (pub/sub, a watch, a local event...) a waiter sleeps on between
@@ -85,12 +80,8 @@ class Backend(abc.ABC):
         return contextlib.nullcontext(BoardWaiter(Slot(), Backoff()))
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
-        """Acquire, waiting until ``deadline`` (monotonic; ``None`` = forever).
-
-        Returns ``None`` at the deadline, having cleaned up after itself.  The default is
-        the shared try-then-wait loop built on :meth:`try_acquire` and :meth:`waiter`;
-        queue-based backends (ZooKeeper, etcd, memory) override it.
-        """
+        """Acquire by ``deadline`` (monotonic; ``None``: forever), else clean up and return
+        None.  The default is the core's loop on :meth:`try_acquire` and :meth:`waiter`."""
         from .._waiting import acquire_loop
 
         sent = monotonic()
@@ -101,26 +92,17 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def renew(self, grants: Sequence[Grant], ttl: float) -> Sequence[float | None]:
-        """Renew every grant (in one batch/pipeline where the protocol allows): the client's
-        one watchdog calls it.
-
-        Returns, per grant, the new ``expires_at`` (monotonic, measured from before the
-        request was sent) or ``None`` when the lease is gone or owned by someone else.
-        Raises :class:`~aiodlock.BackendError` when the server could not be asked.
-        """
+        """Renew every grant (pipelined where possible): per grant the new ``expires_at``
+        (measured from before the request was sent) or ``None`` when the lease is gone or
+        someone else's; :class:`~aiodlock.BackendError` when the server could not be asked."""
 
     @abc.abstractmethod
     async def release(self, grant: Grant) -> bool:
         """Compare-and-delete by owner; wakes the next waiter.  False if it was not ours."""
 
     def start_release(self, grant: Grant) -> Awaitable[bool]:
-        """:meth:`release`, begun now: the result, awaited, is what :meth:`release` returns.
-
-        A backend that can put the request on the wire without awaiting anything (a
-        pipelined connection) sends it here, so the core's bookkeeping runs while the
-        server works.  Must not raise (a failure surfaces when the result is awaited), and
-        the result must be awaited.  The default sends nothing before that.
-        """
+        """:meth:`release`, begun now (sent without awaiting where the connection allows, so the
+        core's bookkeeping overlaps it).  Must not raise; the result is always awaited."""
         return self.release(grant)
 
     async def transfer(self, grant: Grant, to: Request) -> Grant | bool:
@@ -137,12 +119,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def abandon(self, request: Request) -> None:
-        """Remove whatever ``request.owner`` may have left for ``request.name``.
-
-        Called (shielded from cancellation, bounded by ``op_timeout``) after an acquire that
-        raised or was cancelled, when the server may or may not have granted: delete the
-        lock if this owner holds it, and drop the owner's queue entry or node.
-        """
+        """After an acquire that raised or was cancelled (called shielded, bounded): delete the
+        lock if ``request.owner`` holds it, and drop its queue entry or node."""
 
     @abc.abstractmethod
     async def status(self, name: str) -> LockStatus | None:

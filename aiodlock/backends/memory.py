@@ -48,9 +48,8 @@ class _Name:
 
 
 class _Space:
-    """The shared state of one named space; clients in several threads share it, so every
-    access holds ``mutex``.  No timer ends a lease (a timer is one loop's): a lease that ran
-    out ends at the next look at its name (:meth:`live`); waiters sleep no longer than it."""
+    """One space's state, shared across threads (every access holds ``mutex``).  A lease that
+    ran out ends at the next look at its name (:meth:`live`), not by a timer (one loop's)."""
 
     def __init__(self) -> None:
         self.names: dict[Key, _Name] = {}
