@@ -19,7 +19,7 @@ from ..._types import monotonic
 from ._paths import Child, order
 from ._session import CreateContainerRequest, Disconnected, Session
 
-__all__ = ["LeftBehind", "Nodes", "Raced", "found", "raced", "reconnectable", "translate"]
+__all__ = ["LeftBehind", "Nodes", "Raced", "found", "reconnectable", "translate"]
 
 T = TypeVar("T")
 
@@ -30,10 +30,6 @@ class Raced(BackendError):
 
 class LeftBehind(BackendTimeout):
     """A deletion not confirmed within ``op_timeout``: the clean-up goes on with it."""
-
-
-def raced(error: BackendError) -> bool:
-    return isinstance(error, Raced)
 
 
 def reconnectable(error: BackendError) -> bool:

@@ -39,8 +39,8 @@ from ..._types import (
 from ..._url import ParsedURL, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
-from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._paths import basename, escape_segment, order, parse_chroot, unescape_segment
+from ._nodes import LeftBehind, Nodes, Raced, found, reconnectable, translate
+from ._paths import escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
@@ -218,7 +218,7 @@ class ZooKeeperBackend(Backend):
         self._lose(list(self._grants.values()), "the client was closed while the lock was held")
         session, self.session = self.session, None
         if session is not None:
-            await session.close(self.config.op_timeout)  # the server deletes its nodes at once
+            await session.close()  # the server deletes its nodes at once
         self._wake_attempts()
         self._attempts.clear()
 
@@ -255,6 +255,9 @@ class ZooKeeperBackend(Backend):
                 with self._translate("acquire"):
                     taken = bool(await self._io.queue(attempt.parent))
                 grant = None if taken else await self._queue(attempt, deadline)
+            if grant is None:  # the deadline passed: leave the queue (if in it)
+                with self._translate("acquire"), contextlib.suppress(LeftBehind):
+                    await self._leave(attempt, "acquire")  # (LeftBehind: it goes on later)
         finally:
             self._unwatch(attempt.node)  # abandon() may still need the node
         if self._attempts.get(key) is attempt:
@@ -284,12 +287,17 @@ class ZooKeeperBackend(Backend):
         node was deleted by someone else, has lost the lock."""
         node.armed = False  # a watch fires once
         node.gone = node.gone or event_type == EVENT_DELETED
-        if node.grant is None:
+        grant = node.grant
+        if grant is None:
             attempt.event.set()
-        elif node.gone:
-            self._vanished(node.grant)
-        else:
+        elif not node.gone:
             self._arm(node)  # the data changed: set the watch again
+        elif self._grants.get(node.path) is not grant:
+            return  # released, or already reported
+        elif self.session is None or node.session_id != self.session.session_id:
+            self._forget(grant)  # its session ended: reported with the session event
+        else:
+            self._lose([grant], "the lock node was deleted by someone else (force_release?)")
 
     async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
@@ -305,12 +313,10 @@ class ZooKeeperBackend(Backend):
         except BackendError as error:
             if not reconnectable(error):
                 raise
-        with self._translate("acquire"):
-            if self._closing:
-                raise BackendError("zookeeper: the client was closed")
-            if _passed(deadline):
-                await self._give_up(attempt)
-                return None
+        if self._closing:
+            raise BackendError("zookeeper: the client was closed")
+        if _passed(deadline):
+            return None
         raise BackendTimeout(
             f"zookeeper: no connection to the servers for {self.config.op_timeout:g} s (op_timeout)"
         )
@@ -326,7 +332,7 @@ class ZooKeeperBackend(Backend):
                     queue = order(await self._create(attempt))
                 else:
                     queue = await self._io.queue(attempt.parent)
-                mine = basename(attempt.node.path) if attempt.node is not None else None
+                mine = attempt.node.path.rpartition("/")[2] if attempt.node is not None else None
                 index = next((i for i, c in enumerate(queue) if c.name == mine), None)
                 if index is None:
                     # Our node is gone: its session ended, or someone deleted it.
@@ -341,7 +347,6 @@ class ZooKeeperBackend(Backend):
                     continue
                 if index > 0:
                     if _passed(deadline):
-                        await self._give_up(attempt)
                         return None
                     predecessor = f"{attempt.parent}/{queue[index - 1].name}"
                     if not await self._wait_for(attempt, predecessor, index == 1, deadline):
@@ -354,31 +359,25 @@ class ZooKeeperBackend(Backend):
     async def _create(self, attempt: _Attempt) -> list[str]:
         """Create the attempt's node and list the queue, in one round trip; when the lock
         node is missing (new, or just reaped), make it and create again at once."""
-        return await retrying(
-            functools.partial(self._create_once, attempt),
-            tries=MAX_PARENT_RETRIES,
-            first=0.0,
-            retry_if=raced,
-            what="zookeeper: create",
-        )
-
-    async def _create_once(self, attempt: _Attempt) -> list[str]:
-        zk = self._io.session
-        if not zk.connected:
-            raise Disconnected()
-        attempt.in_doubt = session_id = zk.session_id
-        created, listed = await self._io.call(
-            protocol.Create2Request(
-                path=f"{attempt.parent}/{attempt.prefix}",
-                data=b"",
-                acl=self.acl,
-                flags=_EPHEMERAL_SEQUENTIAL,
-            ),
-            protocol.GetChildrenRequest(path=attempt.parent, watch=False),
-        )
-        attempt.in_doubt = None
-        if isinstance(created, exc.NoNode):
+        for _ in range(MAX_PARENT_RETRIES):
+            zk = self._io.session
+            if not zk.connected:
+                raise Disconnected()
+            attempt.in_doubt = session_id = zk.session_id
+            created, listed = await self._io.call(
+                protocol.Create2Request(
+                    path=f"{attempt.parent}/{attempt.prefix}",
+                    data=b"",
+                    acl=self.acl,
+                    flags=_EPHEMERAL_SEQUENTIAL,
+                ),
+                protocol.GetChildrenRequest(path=attempt.parent, watch=False),
+            )
+            attempt.in_doubt = None
+            if not isinstance(created, exc.NoNode):
+                break
             await self._io.make_parents(attempt.parent)
+        else:
             raise Raced(
                 f"zookeeper: the lock node {attempt.parent!r} vanished while a node was created "
                 f"in it (it was made again up to {MAX_PARENT_RETRIES} times)"
@@ -470,31 +469,19 @@ class ZooKeeperBackend(Backend):
     def _arm(self, node: Node) -> None:
         """Set the server-side watch on a node of ours; its reply tells if it is gone."""
         node.arm_timer = None
-        if node.armed or node.watch is None or self.session is None:
-            return  # set already, or the node is no longer ours to watch
-        fut = self.session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
-        if fut is not None:
-            # Lost with the connection, the watch is set again on reconnection (the path
-            # stays in the session's watch table).
-            node.armed = True
-            fut.add_done_callback(functools.partial(self._arm_reply, node))
+        zk = self.session
+        if node.armed or node.watch is None or zk is None or not zk.connected:
+            # Set already, or the node is no longer ours to watch; or disconnected: the
+            # reconnection sets it again (the path stays in the session's watch table).
+            return
+        [fut] = zk.send(protocol.GetDataRequest(path=node.path, watch=True))
+        node.armed = True
+        fut.add_done_callback(functools.partial(self._arm_reply, node))
 
     @staticmethod
     def _arm_reply(node: Node, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode) and node.watch:
             node.watch(EVENT_DELETED)  # gone already: as if the watch had fired
-
-    def _vanished(self, grant: Grant) -> None:
-        if not self._held(grant):
-            return  # released, or already reported
-        if self.session is None or grant.data.session_id != self.session.session_id:
-            self._forget(grant)  # its session ended: reported with the session event
-            return
-        self._lose([grant], "the lock node was deleted by someone else (force_release?)")
-
-    def _held(self, grant: Grant) -> bool:
-        """Is ``grant`` still held (not released, lost or forgotten)?"""
-        return self._grants.get(grant.data.path) is grant
 
     def _forget(self, grant: Grant) -> None:
         """No longer held: from now on a deletion of its node is no loss."""
@@ -515,11 +502,6 @@ class ZooKeeperBackend(Backend):
                 self._on_lost(list(grants), reason)
             except Exception:  # pragma: no cover - the core's callback must not raise
                 log.exception("zookeeper: the lost-lease callback failed")
-
-    async def _give_up(self, attempt: _Attempt) -> None:
-        """Leave the queue (deadline, or a try-lock that found the lock taken)."""
-        with contextlib.suppress(LeftBehind):  # then the background goes on until done
-            await self._leave(attempt, "acquire")
 
     async def _leave(self, attempt: _Attempt, what: str) -> None:
         """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
@@ -562,7 +544,9 @@ class ZooKeeperBackend(Backend):
             for grant, reply in zip(grants, replies, strict=True):
                 node: Node = grant.data
                 alive = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
-                alive = alive and zk.usable(node.session_id) and self._held(grant)
+                alive = (
+                    alive and zk.usable(node.session_id) and self._grants.get(node.path) is grant
+                )
                 results.append(started + ttl if alive else None)
             return results
 
@@ -579,32 +563,20 @@ class ZooKeeperBackend(Backend):
                 await self._io.sweep(parent, prefix, self._io.session.session_id, "abandon")
 
     async def status(self, name: str) -> LockStatus | None:
-        try:
-            return await retrying(
-                functools.partial(self._status_once, name),
-                tries=5,
-                first=0.0,
-                retry_if=raced,
-                what="zookeeper: status",
-            )
-        except Raced:
-            return None  # the holder changed under every look
-
-    async def _status_once(self, name: str) -> LockStatus | None:
         parent = self.lock_path(name)
         with self._translate("status"):
-            queue = await self._io.queue(parent)
-            if not queue:
-                return None
-            holder = queue[0]
-            [reply] = await self._io.call(
-                protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
-            )
-            if found(reply) is None:
-                raise Raced("zookeeper: the holder left while status() looked")
-            return LockStatus(
-                name, unescape_segment(holder.owner), reply.stat.created_zxid, None, len(queue) - 1
-            )
+            for _ in range(5):  # looks again while the holder leaves under the look
+                queue = await self._io.queue(parent)
+                if not queue:
+                    return None
+                holder = queue[0]
+                [reply] = await self._io.call(
+                    protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
+                )
+                if found(reply) is not None:
+                    owner = unescape_segment(holder.owner)
+                    return LockStatus(name, owner, reply.stat.created_zxid, None, len(queue) - 1)
+        return None  # the holder changed under every look
 
     async def force_release(self, name: str) -> bool:
         parent = self.lock_path(name)
