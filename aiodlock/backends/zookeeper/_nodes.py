@@ -63,16 +63,11 @@ class Nodes:
     """Requests on the nodes under ``locks`` (``{chroot}/{namespace}/locks``) in ``session``."""
 
     def __init__(
-        self,
-        session: Session,
-        locks: str,
-        acl: Sequence[Any],
-        op_timeout: float,
-        secrets: tuple[str, ...],
+        self, session: Session, locks: str, acl: list[Any], secrets: tuple[str, ...]
     ) -> None:
         self.session = session
-        self.acl = list(acl)
-        self.op_timeout = op_timeout
+        self.acl = acl
+        self.op_timeout = session.op_timeout
         self.secrets = secrets
         segments = locks.split("/")[1:]
         #: The persistent nodes above every lock node, top first (chroot, namespace, locks).

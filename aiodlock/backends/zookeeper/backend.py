@@ -1,12 +1,11 @@
-"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): ephemeral sequential nodes.
+"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): Curator's InterProcessMutex.
 
-The algorithm of Curator's InterProcessMutex / kazoo's Lock (docs/backends/zookeeper.md):
-a lock ``name`` is the container node ``{chroot}/{namespace}/locks/{escaped name}``; each
-acquire creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`` and lists
-the children in the same round trip; the lowest child holds the lock, every other one
-watches its immediate predecessor only (no herd).  The owner and attempt in the name find
-a node whose create reply was lost (protection mode) or abandoned.  The fencing token is
-the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`).
+A lock is the container node ``{chroot}/{namespace}/locks/{escaped name}``; each acquire
+creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`` and lists the
+children in the same round trip; the lowest holds the lock, each other one watches its
+predecessor only (no herd).  The owner and attempt in the name find a node whose create
+reply was lost (protection mode).  The token is the child's ``czxid``; the lease is the
+client's ONE session (:mod:`._session`).  See docs/backends/zookeeper.md.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from ..._url import ParsedURL, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
 from ._nodes import LeftBehind, Nodes, Raced, found, reconnectable, translate
-from ._paths import escape_segment, order, parse_chroot, unescape_segment
+from ._paths import Child, escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
 __all__ = ["ZooKeeperBackend"]
@@ -70,12 +69,8 @@ _EPHEMERAL_SEQUENTIAL = (
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Node:
-    """A lock node of this client: an attempt's, then its grant's (``Grant.data``).
-
-    Its watch callback is in the session's table from the create to the end: a deletion
-    (by someone else, or with the session) makes a waiter queue again and a holder lose
-    the lock.
-    """
+    """A lock node of this client: an attempt's, then its grant's (``Grant.data``), watched
+    from its create to its end (a deletion re-queues a waiter and is a holder's loss)."""
 
     path: str
     session_id: int
@@ -85,8 +80,8 @@ class Node:
     armed: bool = False  # the server-side watch was sent (and has not fired)
     gone: bool = False  # deleted, by someone or with its session
     arm_timer: asyncio.TimerHandle | None = None
-    #: Set when a create of the attempt had a lost reply: the server may still apply it
-    #: after the lookup (through another member), so the release sweeps the prefix.
+    #: A create of the attempt had a lost reply: the server may still apply it after the
+    #: lookup (through another member), so the release sweeps the prefix.
     sweep_prefix: str | None = None
 
 
@@ -198,7 +193,7 @@ class ZooKeeperBackend(Backend):
             self.auth,
             self._on_session_event,
         )
-        self._nodes = Nodes(session, self._locks, self.acl, self.config.op_timeout, self._secrets)
+        self._nodes = Nodes(session, self._locks, self.acl, self._secrets)
         with self._translate("connect"):
             await session.start()
         if session.timeout != self.requested_session_timeout:
@@ -328,10 +323,9 @@ class ZooKeeperBackend(Backend):
                 attempt.event = Wakeup()
                 if attempt.in_doubt is not None:
                     await self._recover(attempt)
-                if attempt.node is None:
-                    queue = order(await self._create(attempt))
-                else:
-                    queue = await self._io.queue(attempt.parent)
+                queue = await (
+                    self._io.queue(attempt.parent) if attempt.node else self._create(attempt)
+                )
                 mine = attempt.node.path.rpartition("/")[2] if attempt.node is not None else None
                 index = next((i for i, c in enumerate(queue) if c.name == mine), None)
                 if index is None:
@@ -356,7 +350,7 @@ class ZooKeeperBackend(Backend):
                 if grant is not None:
                     return grant
 
-    async def _create(self, attempt: _Attempt) -> list[str]:
+    async def _create(self, attempt: _Attempt) -> list[Child]:
         """Create the attempt's node and list the queue, in one round trip; when the lock
         node is missing (new, or just reaped), make it and create again at once."""
         for _ in range(MAX_PARENT_RETRIES):
@@ -387,7 +381,7 @@ class ZooKeeperBackend(Backend):
         self._set_node(attempt, Node(created.path, session_id, created.stat.created_zxid))
         if isinstance(listed, Exception):
             raise listed
-        return list(listed.children)
+        return order(listed.children)
 
     async def _recover(self, attempt: _Attempt) -> None:
         """Protection mode: after a lost create reply, find the node it may have made."""
@@ -596,15 +590,11 @@ def _passed(deadline: float | None) -> bool:
 
 def _acl(acl: Any, username: str | None) -> tuple[str, list[Any]]:
     """``(name, ACL list)`` of the nodes a client creates: a preset, or ``"custom"``."""
-    if not isinstance(acl, str):
-        if not isinstance(acl, list | tuple):
-            raise ConfigurationError(
-                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
-            )
+    if isinstance(acl, list | tuple):
         if not acl or not all(isinstance(item, ACL) for item in acl):
             raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
         return "custom", list(acl)
-    if acl not in ACL_PRESETS:
+    if not isinstance(acl, str) or acl not in ACL_PRESETS:
         raise ConfigurationError(
             f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
             f"aiozk.ACL, got {acl!r}"
