@@ -19,8 +19,6 @@ from ..._types import monotonic
 from ._paths import Child, order
 from ._session import CreateContainerRequest, Disconnected, Session
 
-__all__ = ["LeftBehind", "Nodes", "Raced", "found", "reconnectable", "translate"]
-
 T = TypeVar("T")
 
 

@@ -9,15 +9,6 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 
 from ..._errors import ConfigurationError
 
-__all__ = [
-    "Child",
-    "escape_segment",
-    "order",
-    "parse_child",
-    "parse_chroot",
-    "unescape_segment",
-]
-
 _SAFE = "-_.~:"  # kept as they are, with letters and digits; everything else is %XX
 
 

@@ -1,10 +1,5 @@
-"""ONE ZooKeeper session over a succession of aiozk connections.
-
-aiozk supplies the wire protocol, its exceptions and the connection (``_Connection``).
-Its ``Session`` / ``ZKClient`` do not do what a lock service needs (docs/backends/
-zookeeper.md, "Why not aiozk's session": it resends a create, notices a dead server late,
-does not report a lost session, ...).
-"""
+"""ONE ZooKeeper session over a succession of aiozk connections (aiozk's own session
+resends a create, notices a dead server late, ...: docs/backends/zookeeper.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +16,6 @@ from aiozk.connection import Connection
 
 from ..._types import CommonConfig, monotonic
 from ..._wakeup import Backoff
-
-__all__ = ["CreateContainerRequest", "Disconnected", "Session", "WatchCallback"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
@@ -50,16 +43,15 @@ class Disconnected(exc.ZKError):  # type: ignore[misc]
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-#: ``(session_id, lost)``, called when a session is established or resumed (``lost`` is
-#: None) or when whatever a session held is lost (``lost`` says why: it expired, or
-#: nothing was heard for a whole session timeout, so it may have expired).
+#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever a
+#: session held is lost (``lost`` says why: it expired, or may have: nothing heard for its
+#: timeout).
 EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]
 
 
-def _consume(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a future's exception so that asyncio does not log it as never retrieved."""
+def _consume(fut: asyncio.Future[Any]) -> None:  # (or asyncio logs it as never retrieved)
     if not fut.cancelled():
         fut.exception()
 
@@ -200,9 +192,7 @@ class Session:
 
     async def start(self) -> None:
         """Start the session task and wait for the first session."""
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name="aiodlock:zookeeper-session"
-        )
+        self._task = asyncio.create_task(self._run(), name="aiodlock:zookeeper-session")
         await self.wait_connected(None)
 
     async def close(self) -> None:
@@ -429,11 +419,10 @@ class Session:
         self.watches.setdefault(path, set()).add(callback)
 
     def unwatch(self, path: str, callback: WatchCallback) -> None:
-        callbacks = self.watches.get(path)
-        if callbacks is not None:
-            callbacks.discard(callback)
-            if not callbacks:
-                del self.watches[path]
+        callbacks = self.watches.get(path, set())
+        callbacks.discard(callback)
+        if not callbacks:
+            self.watches.pop(path, None)
 
     def _dispatch(self, event: Any) -> None:
         if event.type in (EVENT_DELETED, EVENT_DATA_CHANGED):  # the only watches set

@@ -42,8 +42,6 @@ from ._nodes import LeftBehind, Nodes, Raced, found, reconnectable, translate
 from ._paths import Child, escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
 
-__all__ = ["ZooKeeperBackend"]
-
 log = logging.getLogger("aiodlock.zookeeper")
 
 DEFAULT_PORT = 2181
@@ -492,10 +490,7 @@ class ZooKeeperBackend(Backend):
         for grant in grants:
             self._forget(grant)
         if grants and self._on_lost is not None:
-            try:
-                self._on_lost(list(grants), reason)
-            except Exception:  # pragma: no cover - the core's callback must not raise
-                log.exception("zookeeper: the lost-lease callback failed")
+            self._on_lost(list(grants), reason)  # (the core's callback does not raise)
 
     async def _leave(self, attempt: _Attempt, what: str) -> None:
         """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
