@@ -23,7 +23,6 @@ OP_CREATE_CONTAINER = 19  # (aiozk has no request for it; the reply is a create2
 #: opcode -> reply type: aiozk's table, and createContainer's (aiozk's table is left alone).
 _REPLY_TYPES = {**protocol.response_xref, OP_CREATE_CONTAINER: protocol.Create2Response}
 EVENT_DELETED: int = protocol.WatchEvent.DELETED
-EVENT_DATA_CHANGED: int = protocol.WatchEvent.DATA_CHANGED
 #: Bytes of paths per SetWatches request: one packet stays far below jute.maxbuffer.
 SET_WATCHES_CHUNK = 128 * 1024
 #: xid, zxid, error code: the header of every reply.
@@ -185,7 +184,9 @@ class Session:
         self.presumed_dead = False  # presumed expired, until the server confirms it
         self.watches: dict[str, set[WatchCallback]] = {}  # path -> data watch callbacks
         self._xid = 0
-        self.confirmed_at = 0.0  # send time of the latest request the server answered
+        #: Send time of the latest request the server answered: the session lives on the
+        #: server at least until ``confirmed_at + timeout`` (it restarted its timer after).
+        self.confirmed_at = 0.0
         self._state_changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
@@ -220,12 +221,6 @@ class Session:
         # A killed connection counts as down at once, before the session task has run: a
         # retry loop that sees "connected" must never spin on Disconnected.
         return self.conn is not None and not self.conn.closing
-
-    @property
-    def valid_until(self) -> float:
-        """Until when (monotonic) the session certainly lives on the server: the server
-        restarted its expiry timer after the send time of the latest request it answered."""
-        return self.confirmed_at + self.timeout
 
     def usable(self, session_id: int) -> bool:
         """Is ``session_id`` the current session, not presumed expired?"""
@@ -307,7 +302,7 @@ class Session:
                     return conn
                 if outcome != "expired":
                     break
-        if self.session_id and monotonic() > self.valid_until + self.timeout:
+        if self.session_id and monotonic() > self.confirmed_at + 2 * self.timeout:
             # The old session cannot exist any more (were the servers wiped?): forget the
             # last zxid so that a server with a shorter history accepts us.
             self.last_zxid = 0
@@ -383,7 +378,7 @@ class Session:
                 self.conn = None
                 self._wake()
                 if not self.closing:
-                    self._set_expiry_timer(self.valid_until - monotonic())
+                    self._set_expiry_timer(self.confirmed_at + self.timeout - monotonic())
 
     def next_xid(self) -> int:
         self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
@@ -425,7 +420,7 @@ class Session:
             self.watches.pop(path, None)
 
     def _dispatch(self, event: Any) -> None:
-        if event.type in (EVENT_DELETED, EVENT_DATA_CHANGED):  # the only watches set
+        if event.type in (EVENT_DELETED, protocol.WatchEvent.DATA_CHANGED):  # the only watches set
             loop = asyncio.get_running_loop()
             for callback in list(self.watches.get(event.path, ())):
                 loop.call_soon(callback, event.type)

@@ -77,7 +77,6 @@ class Node:
     grant: Grant | None = None
     armed: bool = False  # the server-side watch was sent (and has not fired)
     gone: bool = False  # deleted, by someone or with its session
-    arm_timer: asyncio.TimerHandle | None = None
     #: A create of the attempt had a lost reply: the server may still apply it after the
     #: lookup (through another member), so the release sweeps the prefix.
     sweep_prefix: str | None = None
@@ -266,14 +265,10 @@ class ZooKeeperBackend(Backend):
             self.session.watch(node.path, node.watch)
 
     def _unwatch(self, node: Node | None) -> None:
-        if node is None:
-            return
-        if node.arm_timer is not None:
-            node.arm_timer.cancel()
-            node.arm_timer = None
-        if node.watch is not None and self.session is not None:
-            self.session.unwatch(node.path, node.watch)
-        node.watch = None
+        if node is not None and node.watch is not None:
+            if self.session is not None:
+                self.session.unwatch(node.path, node.watch)
+            node.watch = None
 
     def _own_event(self, attempt: _Attempt, node: Node, event_type: int) -> None:
         """The watch on a node of ours fired: its waiter looks again; its holder, if the
@@ -455,12 +450,11 @@ class ZooKeeperBackend(Backend):
             # Set OWN_WATCH_DELAY after the grant: most uncontended critical sections are
             # shorter, and cost no request for it.  A node deleted before is noticed by the
             # reply to the watch.
-            node.arm_timer = asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
+            asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
         return grant
 
     def _arm(self, node: Node) -> None:
         """Set the server-side watch on a node of ours; its reply tells if it is gone."""
-        node.arm_timer = None
         zk = self.session
         if node.armed or node.watch is None or zk is None or not zk.connected:
             # Set already, or the node is no longer ours to watch; or disconnected: the
