@@ -1,8 +1,6 @@
-"""What the lock protocol asks of ZooKeeper's nodes: :func:`translate` (the one place
-where the driver's exceptions become aiodlock's), round trips bounded by ``op_timeout``,
-and the deletions that must happen, left to the core's :class:`~aiodlock._retry.Guaranteed`
-after ``op_timeout`` (a lock node left behind would block the lock: pitfall 7).
-"""
+"""The one translation of aiozk's errors, round trips bounded by ``op_timeout``, and the
+deletions that must happen (left to the core's ``Guaranteed`` after ``op_timeout``: a lock
+node left behind would block the lock, pitfall 7)."""
 
 from __future__ import annotations
 

@@ -248,15 +248,13 @@ class Session:
     def _set_expiry_timer(self, delay: float | None) -> None:
         """Cancel the presumed-expiry timer and, given ``delay``, set it again."""
         if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
+            self._expiry_timer.cancel()  # (a no-op once it ran)
         if delay is not None and self.session_id and not self.presumed_dead:
             self._expiry_timer = asyncio.get_running_loop().call_later(
                 max(0.0, delay), self._presume_expired, self.session_id
             )
 
     def _presume_expired(self, session_id: int) -> None:
-        self._expiry_timer = None
         if self.conn is not None or session_id != self.session_id or self.closing:
             return
         self.presumed_dead = True
@@ -392,11 +390,8 @@ class Session:
         return self.conn.send_batch(requests)
 
     async def call(self, *requests: Any) -> list[Any]:
-        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError).
-
-        Raises :class:`Disconnected` if the connection is or gets lost.  The server runs a
-        session's requests in order: a read placed after a write sees that write.
-        """
+        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError),
+        or :class:`Disconnected`.  The server runs them in order: a read sees an earlier write."""
         results: list[Any] = []
         for fut in self.send(*requests):
             try:

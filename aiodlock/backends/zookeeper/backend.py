@@ -327,9 +327,8 @@ class ZooKeeperBackend(Backend):
                     continue
                 strays = [c for c in queue if c.name != mine and c.name.startswith(attempt.prefix)]
                 if strays:
-                    # A create of this attempt whose reply was lost and that protection mode
-                    # missed (the server applied it late): ahead of us it would block us
-                    # for ever, behind us it would hold the lock once we leave.
+                    # A lost-reply create of ours that protection mode missed (applied late):
+                    # ahead it would block us for ever, behind it would hold the lock once we left.
                     await self._io.delete_children(attempt.parent, [c.name for c in strays])
                     continue
                 if index > 0:
@@ -382,13 +381,12 @@ class ZooKeeperBackend(Backend):
         if session_id is None or session_id != self._io.session.session_id:
             return  # nothing was in doubt, or the node died with its session
         attempt.had_doubt = True
-        mine = [
-            c for c in await self._io.queue(attempt.parent) if c.name.startswith(attempt.prefix)
-        ]
+        queue = await self._io.queue(attempt.parent)
+        mine = [c.name for c in queue if c.name.startswith(attempt.prefix)]
         if not mine:
             return
-        await self._io.delete_children(attempt.parent, [c.name for c in mine[1:]])
-        path = f"{attempt.parent}/{mine[0].name}"
+        await self._io.delete_children(attempt.parent, mine[1:])
+        path = f"{attempt.parent}/{mine[0]}"
         [stat] = await self._io.call(protocol.ExistsRequest(path=path, watch=False))
         if found(stat) is not None:
             self._set_node(attempt, Node(path, session_id, stat.stat.created_zxid))
@@ -442,14 +440,12 @@ class ZooKeeperBackend(Backend):
             return None
         request = attempt.request
         grant = node.grant = Grant(request.name, request.owner, node.czxid, None, node)
-        if attempt.had_doubt:
-            node.sweep_prefix = attempt.prefix
+        node.sweep_prefix = attempt.prefix if attempt.had_doubt else None
         self._grants[node.path] = grant
         attempt.node = None  # the grant's now, with its watch
         if not node.armed:
-            # Set OWN_WATCH_DELAY after the grant: most uncontended critical sections are
-            # shorter, and cost no request for it.  A node deleted before is noticed by the
-            # reply to the watch.
+            # Later: most uncontended critical sections end first and cost no request for it
+            # (a node deleted meanwhile is noticed by the watch's reply).
             asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
         return grant
 
