@@ -1,8 +1,6 @@
-"""What the lock protocol asks of ZooKeeper's nodes: :func:`translate` (the one place
-where the driver's exceptions become aiodlock's), round trips bounded by ``op_timeout``,
-and the deletions that must happen, left to the core's :class:`~aiodlock._retry.Guaranteed`
-after ``op_timeout`` (a lock node left behind would block the lock: pitfall 7).
-"""
+"""The one translation of aiozk's errors, round trips bounded by ``op_timeout``, and the
+deletions that must happen (left to the core's ``Guaranteed`` after ``op_timeout``: a lock
+node left behind would block the lock, pitfall 7)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,6 @@ from ..._types import monotonic
 from ._paths import Child, order
 from ._session import CreateContainerRequest, Disconnected, Session
 
-__all__ = ["LeftBehind", "Nodes", "Raced", "found", "raced", "reconnectable", "translate"]
-
 T = TypeVar("T")
 
 
@@ -30,10 +26,6 @@ class Raced(BackendError):
 
 class LeftBehind(BackendTimeout):
     """A deletion not confirmed within ``op_timeout``: the clean-up goes on with it."""
-
-
-def raced(error: BackendError) -> bool:
-    return isinstance(error, Raced)
 
 
 def reconnectable(error: BackendError) -> bool:
@@ -67,16 +59,11 @@ class Nodes:
     """Requests on the nodes under ``locks`` (``{chroot}/{namespace}/locks``) in ``session``."""
 
     def __init__(
-        self,
-        session: Session,
-        locks: str,
-        acl: Sequence[Any],
-        op_timeout: float,
-        secrets: tuple[str, ...],
+        self, session: Session, locks: str, acl: list[Any], secrets: tuple[str, ...]
     ) -> None:
         self.session = session
-        self.acl = list(acl)
-        self.op_timeout = op_timeout
+        self.acl = acl
+        self.op_timeout = session.op_timeout
         self.secrets = secrets
         segments = locks.split("/")[1:]
         #: The persistent nodes above every lock node, top first (chroot, namespace, locks).

@@ -9,16 +9,6 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 
 from ..._errors import ConfigurationError
 
-__all__ = [
-    "Child",
-    "basename",
-    "escape_segment",
-    "order",
-    "parse_child",
-    "parse_chroot",
-    "unescape_segment",
-]
-
 _SAFE = "-_.~:"  # kept as they are, with letters and digits; everything else is %XX
 
 
@@ -75,10 +65,6 @@ def order(names: Iterable[str]) -> list[Child]:
         if gap > children[0].seq + 2**32 - children[-1].seq:
             children = children[widest + 1 :] + children[: widest + 1]
     return children
-
-
-def basename(path: str) -> str:
-    return path.rpartition("/")[2]
 
 
 _CHROOT_BAD = re.compile("[\x00-\x1f\x7f\ud800-\uf8ff\ufff0-\uffff]")

@@ -1,10 +1,5 @@
-"""ONE ZooKeeper session over a succession of aiozk connections.
-
-aiozk supplies the wire protocol, its exceptions and the connection (``_Connection``).
-Its ``Session`` / ``ZKClient`` do not do what a lock service needs (docs/backends/
-zookeeper.md, "Why not aiozk's session": it resends a create, notices a dead server late,
-does not report a lost session, ...).
-"""
+"""ONE ZooKeeper session over a succession of aiozk connections (aiozk's own session
+resends a create, notices a dead server late, ...: docs/backends/zookeeper.md)."""
 
 from __future__ import annotations
 
@@ -22,13 +17,12 @@ from aiozk.connection import Connection
 from ..._types import CommonConfig, monotonic
 from ..._wakeup import Backoff
 
-__all__ = ["CreateContainerRequest", "Disconnected", "Session", "WatchCallback"]
-
 log = logging.getLogger("aiodlock.zookeeper")
 
 OP_CREATE_CONTAINER = 19  # (aiozk has no request for it; the reply is a create2 reply)
+#: opcode -> reply type: aiozk's table, and createContainer's (aiozk's table is left alone).
+_REPLY_TYPES = {**protocol.response_xref, OP_CREATE_CONTAINER: protocol.Create2Response}
 EVENT_DELETED: int = protocol.WatchEvent.DELETED
-EVENT_DATA_CHANGED: int = protocol.WatchEvent.DATA_CHANGED
 #: Bytes of paths per SetWatches request: one packet stays far below jute.maxbuffer.
 SET_WATCHES_CHUNK = 128 * 1024
 #: xid, zxid, error code: the header of every reply.
@@ -48,16 +42,15 @@ class Disconnected(exc.ZKError):  # type: ignore[misc]
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-#: ``(session_id, lost)``, called when a session is established or resumed (``lost`` is
-#: None) or when whatever a session held is lost (``lost`` says why: it expired, or
-#: nothing was heard for a whole session timeout, so it may have expired).
+#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever a
+#: session held is lost (``lost`` says why: it expired, or may have: nothing heard for its
+#: timeout).
 EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]
 
 
-def _consume(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a future's exception so that asyncio does not log it as never retrieved."""
+def _consume(fut: asyncio.Future[Any]) -> None:  # (or asyncio logs it as never retrieved)
     if not fut.cancelled():
         fut.exception()
 
@@ -67,16 +60,16 @@ def _hex(session_id: int) -> str:
 
 
 class _Connection(Connection):  # type: ignore[misc]
-    """aiozk's connection (kept: the connect handshake, the bookkeeping of pending
-    requests) with batched writes, reply timing and a reader that notices the connection's
-    death at once."""
+    """aiozk's connection (kept: the connect handshake) with our bookkeeping of requests,
+    batched writes, reply timing and a reader that notices the connection's death at once."""
 
     def __init__(self, host: str, port: int, session: Session) -> None:
         super().__init__(host, port, session._dispatch, session.op_timeout)
         self.session = session
         self.last_received = self.last_sent = monotonic()
-        #: xid -> send time, for requests and the (one) ping in flight.
-        self._sent: dict[int, float] = {}
+        #: xid -> (future, reply type, send time) of each request in flight, oldest first (a
+        #: special xid, e.g. a ping's or an auth's, may have several).
+        self.waiting: dict[int, list[tuple[asyncio.Future[Any], Any, float]]] = {}
 
     def send_batch(self, requests: Iterable[Any]) -> list[asyncio.Future[Any]]:
         """Send ``requests`` in ONE write (one system call, one TCP segment)."""
@@ -94,18 +87,9 @@ class _Connection(Connection):  # type: ignore[misc]
             xid = request.special_xid or self.session.next_xid()  # a ping's, an auth's, or the next
             payload = request.serialize(xid)
             chunks.append(len(payload).to_bytes(4, "big") + payload)
-            # A createContainer reply is parsed as a create2 one, without adding an entry
-            # to aiozk's process-wide opcode table.
-            opcode = request.opcode
-            self.opcode_xref[xid] = (
-                protocol.Create2Request.opcode if opcode == OP_CREATE_CONTAINER else opcode
-            )
-            if xid in protocol.SPECIAL_XIDS:
-                self.pending_specials[xid].append(fut)
-            else:
-                self.pending[xid] = fut
-            if xid != protocol.AUTH_XID:  # the server does not restart the session's timer
-                self._sent[xid] = now
+            # An auth reply does not tell that the server restarted the session's timer.
+            sent = 0.0 if xid == protocol.AUTH_XID else now
+            self.waiting.setdefault(xid, []).append((fut, _REPLY_TYPES[request.opcode], sent))
         if chunks:
             self.last_sent = now
             try:
@@ -136,26 +120,19 @@ class _Connection(Connection):  # type: ignore[misc]
                 if xid == protocol.WATCH_XID:
                     self.watch_handler(protocol.WatchEvent.deserialize(body))
                     continue
-                opcode = self.opcode_xref.pop(xid, None)
-                if error:
-                    response: Any = exc.get_response_error(error)
-                elif opcode is None:
+                waiting = self.waiting.get(xid)
+                if not waiting:
                     raise exc.ZKError(f"reply to an unknown request (xid {xid})")
-                else:
-                    response = protocol.response_xref[opcode].deserialize(body)
-                session = self.session
-                session.confirmed_at = max(session.confirmed_at, self._sent.pop(xid, 0.0))
-                if xid in protocol.SPECIAL_XIDS:
-                    waiting = self.pending_specials[xid]
-                    fut = waiting.pop(0) if waiting else None
-                else:
-                    fut = self.pending.pop(xid, None)
-                if fut is None or fut.done():
+                fut, reply_type, sent = waiting.pop(0)
+                if not waiting:
+                    del self.waiting[xid]
+                self.session.confirmed_at = max(self.session.confirmed_at, sent)
+                if fut.done():
                     continue
-                if isinstance(response, Exception):
-                    fut.set_exception(response)
+                if error:
+                    fut.set_exception(exc.get_response_error(error))
                 else:
-                    fut.set_result((zxid, response))
+                    fut.set_result((zxid, reply_type.deserialize(body)))
         except ConnectionAbortedError:
             pass  # the server closed the connection
         except Exception:
@@ -166,10 +143,10 @@ class _Connection(Connection):  # type: ignore[misc]
     def kill(self) -> None:
         """Drop the connection now; pending requests fail with ConnectError."""
         self.closing = True
-        for fut in self.drain_all_pending():
+        waiting, self.waiting = self.waiting, {}
+        for fut, _, _ in (entry for entries in waiting.values() for entry in entries):
             if not fut.done():
                 fut.set_exception(exc.ConnectError(self.host, self.port))
-        self._sent.clear()
         task = self.read_loop_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -202,25 +179,24 @@ class Session:
         self.session_id = 0
         self.password = b"\x00" * 16
         self.last_zxid = 0
-        self.conn: _Connection | None = None
+        self.conn: _Connection | None = None  # the connection with an established session
         self.closing = False
-        self._up = False  # the session task's view: a session is established on conn
         self.presumed_dead = False  # presumed expired, until the server confirms it
         self.watches: dict[str, set[WatchCallback]] = {}  # path -> data watch callbacks
         self._xid = 0
-        self.confirmed_at = 0.0  # send time of the latest request the server answered
+        #: Send time of the latest request the server answered: the session lives on the
+        #: server at least until ``confirmed_at + timeout`` (it restarted its timer after).
+        self.confirmed_at = 0.0
         self._state_changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         """Start the session task and wait for the first session."""
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name="aiodlock:zookeeper-session"
-        )
+        self._task = asyncio.create_task(self._run(), name="aiodlock:zookeeper-session")
         await self.wait_connected(None)
 
-    async def close(self, timeout: float) -> None:
+    async def close(self) -> None:
         """End the session on the server (its ephemeral nodes go at once) and disconnect."""
         if self.closing:
             return
@@ -228,15 +204,15 @@ class Session:
         self._set_expiry_timer(None)
         if self.connected:
             # The server answers, then hangs up; either ends the request (kill() fails it).
-            await asyncio.wait(self._send(protocol.CloseRequest()), timeout=timeout)
-        self._up = False
+            await asyncio.wait(self.send(protocol.CloseRequest()), timeout=self.op_timeout)
+        conn, self.conn = self.conn, None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-        if self.conn is not None:
-            self.conn.kill()
+        if conn is not None:
+            conn.kill()
         self._wake()
 
     @property
@@ -244,13 +220,7 @@ class Session:
         """A session is established on a live connection (requests can be sent)."""
         # A killed connection counts as down at once, before the session task has run: a
         # retry loop that sees "connected" must never spin on Disconnected.
-        return self._up and self.conn is not None and not self.conn.closing
-
-    @property
-    def valid_until(self) -> float:
-        """Until when (monotonic) the session certainly lives on the server: the server
-        restarted its expiry timer after the send time of the latest request it answered."""
-        return self.confirmed_at + self.timeout
+        return self.conn is not None and not self.conn.closing
 
     def usable(self, session_id: int) -> bool:
         """Is ``session_id`` the current session, not presumed expired?"""
@@ -278,16 +248,14 @@ class Session:
     def _set_expiry_timer(self, delay: float | None) -> None:
         """Cancel the presumed-expiry timer and, given ``delay``, set it again."""
         if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
+            self._expiry_timer.cancel()  # (a no-op once it ran)
         if delay is not None and self.session_id and not self.presumed_dead:
             self._expiry_timer = asyncio.get_running_loop().call_later(
                 max(0.0, delay), self._presume_expired, self.session_id
             )
 
     def _presume_expired(self, session_id: int) -> None:
-        self._expiry_timer = None
-        if self._up or session_id != self.session_id or self.closing:
+        if self.conn is not None or session_id != self.session_id or self.closing:
             return
         self.presumed_dead = True
         lost = (
@@ -302,12 +270,11 @@ class Session:
         (50 ms to 1 s, jittered) between rounds over the servers."""
         backoff = Backoff(first=0.05, cap=1.0)
         while not self.closing:
-            conn = await self._connect_any()
-            if conn is None:
+            if conn := await self._connect_any():
+                backoff.reset()
+                await self._serve(conn)
+            else:
                 await asyncio.sleep(backoff.next())
-                continue
-            backoff.reset()
-            await self._serve(conn)
 
     async def _connect_any(self) -> _Connection | None:
         """One round over the hosts: a connection with an established session, or None."""
@@ -333,7 +300,7 @@ class Session:
                     return conn
                 if outcome != "expired":
                     break
-        if self.session_id and monotonic() > self.valid_until + self.timeout:
+        if self.session_id and monotonic() > self.confirmed_at + 2 * self.timeout:
             # The old session cannot exist any more (were the servers wiped?): forget the
             # last zxid so that a server with a shorter history accepts us.
             self.last_zxid = 0
@@ -370,14 +337,12 @@ class Session:
         conn.start_read_loop()
         auths = [protocol.AuthRequest(type=0, scheme=s, auth=c) for s, c in self.auth]
         await asyncio.gather(*conn.send_batch(auths))
-        resumed = old == self.session_id
         self.conn = conn
         self._set_expiry_timer(None)
         self.presumed_dead = False
-        self._up = True
         log.debug(
             "zookeeper: %s session %s on %s:%s (timeout %g s)",
-            "resumed" if resumed else "new",
+            "resumed" if old == self.session_id else "new",
             _hex(self.session_id),
             conn.host,
             conn.port,
@@ -403,80 +368,72 @@ class Session:
                     )
                     break
                 idle = max(silent, now - conn.last_sent) >= self.timeout / 3
-                if idle and not conn.pending_specials[protocol.PING_XID]:
+                if idle and protocol.PING_XID not in conn.waiting:
                     conn.send_batch([protocol.PingRequest()])
         finally:
             conn.kill()
-            if self.conn is conn and self._up:
-                self._up = False
+            if self.conn is conn:
+                self.conn = None
                 self._wake()
                 if not self.closing:
-                    self._set_expiry_timer(self.valid_until - monotonic())
+                    self._set_expiry_timer(self.confirmed_at + self.timeout - monotonic())
 
     def next_xid(self) -> int:
         self._xid = self._xid + 1 if self._xid < 0x7FFFFFFF else 1
         return self._xid
 
-    def _send(self, *requests: Any) -> list[asyncio.Future[Any]]:
+    def send(self, *requests: Any) -> list[asyncio.Future[Any]]:
+        """Send without waiting; the replies go to the futures."""
         if not self.connected:
             raise Disconnected()
         assert self.conn is not None
         return self.conn.send_batch(requests)
 
     async def call(self, *requests: Any) -> list[Any]:
-        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError).
-
-        Raises :class:`Disconnected` if the connection is or gets lost.  The server runs a
-        session's requests in order: a read placed after a write sees that write.
-        """
+        """Send ``requests`` in one round trip; their replies (a refusal: its ResponseError),
+        or :class:`Disconnected`.  The server runs them in order: a read sees an earlier write."""
         results: list[Any] = []
-        for fut in self._send(*requests):
+        for fut in self.send(*requests):
             try:
                 zxid, response = await fut
+                self.last_zxid = max(self.last_zxid, zxid)
             except exc.ConnectError:
                 raise Disconnected() from None
             except exc.ResponseError as error:
-                results.append(error)
-                continue
-            if zxid is not None and zxid > self.last_zxid:
-                self.last_zxid = zxid
+                response = error
             results.append(response)
         return results
-
-    def send_nowait(self, request: Any) -> asyncio.Future[Any] | None:
-        """Send without waiting (None when disconnected); the reply goes to the future."""
-        return self._send(request)[0] if self.connected else None
 
     def watch(self, path: str, callback: WatchCallback) -> None:
         """Call ``callback(event_type)`` when a data watch on ``path`` fires."""
         self.watches.setdefault(path, set()).add(callback)
 
     def unwatch(self, path: str, callback: WatchCallback) -> None:
-        callbacks = self.watches.get(path)
-        if callbacks is not None:
-            callbacks.discard(callback)
-            if not callbacks:
-                del self.watches[path]
+        callbacks = self.watches.get(path, set())
+        callbacks.discard(callback)
+        if not callbacks:
+            self.watches.pop(path, None)
 
     def _dispatch(self, event: Any) -> None:
-        if event.type in (EVENT_DELETED, EVENT_DATA_CHANGED):  # the only watches set
+        if event.type in (EVENT_DELETED, protocol.WatchEvent.DATA_CHANGED):  # the only watches set
             loop = asyncio.get_running_loop()
             for callback in list(self.watches.get(event.path, ())):
                 loop.call_soon(callback, event.type)
 
     def _resend_watches(self, conn: _Connection) -> None:
         """Set every data watch again after a reconnect (it fires if the node changed)."""
-        chunks: list[list[str]] = [[]]
-        size = 0
+        chunks: list[list[str]] = []
+        size = SET_WATCHES_CHUNK
         for path in sorted(self.watches):
             length = len(path.encode("utf-8", "surrogatepass")) + 4
-            if chunks[-1] and size + length > SET_WATCHES_CHUNK:
+            if size + length > SET_WATCHES_CHUNK:
                 chunks.append([])
                 size = 0
             chunks[-1].append(path)
             size += length
-        for chunk in filter(None, chunks):
-            request = protocol.SetWatchesRequest(
+        conn.send_batch(
+            protocol.SetWatchesRequest(
                 relative_zxid=self.last_zxid, data_watches=chunk, exist_watches=[], child_watches=[]
             )
-            conn.send_batch([request])
+            for chunk in chunks
+        )

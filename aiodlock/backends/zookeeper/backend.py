@@ -1,12 +1,11 @@
-"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): ephemeral sequential nodes.
+"""``zookeeper://h1:2181,h2:2181/chroot`` (alias ``zk://``): Curator's InterProcessMutex.
 
-The algorithm of Curator's InterProcessMutex / kazoo's Lock (docs/backends/zookeeper.md):
-a lock ``name`` is the container node ``{chroot}/{namespace}/locks/{escaped name}``; each
-acquire creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`` and lists
-the children in the same round trip; the lowest child holds the lock, every other one
-watches its immediate predecessor only (no herd).  The owner and attempt in the name find
-a node whose create reply was lost (protection mode) or abandoned.  The fencing token is
-the child's ``czxid``; the lease is the client's ONE session (:mod:`._session`).
+A lock is the container node ``{chroot}/{namespace}/locks/{escaped name}``; each acquire
+creates an EPHEMERAL_SEQUENTIAL child ``{escaped owner}#{attempt}#{seq}`` and lists the
+children in the same round trip; the lowest holds the lock, each other one watches its
+predecessor only (no herd).  The owner and attempt in the name find a node whose create
+reply was lost (protection mode).  The token is the child's ``czxid``; the lease is the
+client's ONE session (:mod:`._session`).  See docs/backends/zookeeper.md.
 """
 
 from __future__ import annotations
@@ -39,11 +38,9 @@ from ..._types import (
 from ..._url import ParsedURL, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
-from ._nodes import LeftBehind, Nodes, Raced, found, raced, reconnectable, translate
-from ._paths import basename, escape_segment, order, parse_chroot, unescape_segment
+from ._nodes import LeftBehind, Nodes, Raced, found, reconnectable, translate
+from ._paths import Child, escape_segment, order, parse_chroot, unescape_segment
 from ._session import EVENT_DELETED, Disconnected, Session, WatchCallback
-
-__all__ = ["ZooKeeperBackend"]
 
 log = logging.getLogger("aiodlock.zookeeper")
 
@@ -70,12 +67,8 @@ _EPHEMERAL_SEQUENTIAL = (
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Node:
-    """A lock node of this client: an attempt's, then its grant's (``Grant.data``).
-
-    Its watch callback is in the session's table from the create to the end: a deletion
-    (by someone else, or with the session) makes a waiter queue again and a holder lose
-    the lock.
-    """
+    """A lock node of this client: an attempt's, then its grant's (``Grant.data``), watched
+    from its create to its end (a deletion re-queues a waiter and is a holder's loss)."""
 
     path: str
     session_id: int
@@ -84,9 +77,8 @@ class Node:
     grant: Grant | None = None
     armed: bool = False  # the server-side watch was sent (and has not fired)
     gone: bool = False  # deleted, by someone or with its session
-    arm_timer: asyncio.TimerHandle | None = None
-    #: Set when a create of the attempt had a lost reply: the server may still apply it
-    #: after the lookup (through another member), so the release sweeps the prefix.
+    #: A create of the attempt had a lost reply: the server may still apply it after the
+    #: lookup (through another member), so the release sweeps the prefix.
     sweep_prefix: str | None = None
 
 
@@ -198,7 +190,7 @@ class ZooKeeperBackend(Backend):
             self.auth,
             self._on_session_event,
         )
-        self._nodes = Nodes(session, self._locks, self.acl, self.config.op_timeout, self._secrets)
+        self._nodes = Nodes(session, self._locks, self.acl, self._secrets)
         with self._translate("connect"):
             await session.start()
         if session.timeout != self.requested_session_timeout:
@@ -218,7 +210,7 @@ class ZooKeeperBackend(Backend):
         self._lose(list(self._grants.values()), "the client was closed while the lock was held")
         session, self.session = self.session, None
         if session is not None:
-            await session.close(self.config.op_timeout)  # the server deletes its nodes at once
+            await session.close()  # the server deletes its nodes at once
         self._wake_attempts()
         self._attempts.clear()
 
@@ -255,6 +247,9 @@ class ZooKeeperBackend(Backend):
                 with self._translate("acquire"):
                     taken = bool(await self._io.queue(attempt.parent))
                 grant = None if taken else await self._queue(attempt, deadline)
+            if grant is None:  # the deadline passed: leave the queue (if in it)
+                with self._translate("acquire"), contextlib.suppress(LeftBehind):
+                    await self._leave(attempt, "acquire")  # (LeftBehind: it goes on later)
         finally:
             self._unwatch(attempt.node)  # abandon() may still need the node
         if self._attempts.get(key) is attempt:
@@ -270,26 +265,27 @@ class ZooKeeperBackend(Backend):
             self.session.watch(node.path, node.watch)
 
     def _unwatch(self, node: Node | None) -> None:
-        if node is None:
-            return
-        if node.arm_timer is not None:
-            node.arm_timer.cancel()
-            node.arm_timer = None
-        if node.watch is not None and self.session is not None:
-            self.session.unwatch(node.path, node.watch)
-        node.watch = None
+        if node is not None and node.watch is not None:
+            if self.session is not None:
+                self.session.unwatch(node.path, node.watch)
+            node.watch = None
 
     def _own_event(self, attempt: _Attempt, node: Node, event_type: int) -> None:
         """The watch on a node of ours fired: its waiter looks again; its holder, if the
         node was deleted by someone else, has lost the lock."""
         node.armed = False  # a watch fires once
         node.gone = node.gone or event_type == EVENT_DELETED
-        if node.grant is None:
+        grant = node.grant
+        if grant is None:
             attempt.event.set()
-        elif node.gone:
-            self._vanished(node.grant)
-        else:
+        elif not node.gone:
             self._arm(node)  # the data changed: set the watch again
+        elif self._grants.get(node.path) is not grant:
+            return  # released, or already reported
+        elif self.session is None or node.session_id != self.session.session_id:
+            self._forget(grant)  # its session ended: reported with the session event
+        else:
+            self._lose([grant], "the lock node was deleted by someone else (force_release?)")
 
     async def _wait_in_line(self, attempt: _Attempt, deadline: float | None) -> Grant | None:
         """:meth:`_queue`, run again whenever the connection comes back within op_timeout."""
@@ -305,12 +301,10 @@ class ZooKeeperBackend(Backend):
         except BackendError as error:
             if not reconnectable(error):
                 raise
-        with self._translate("acquire"):
-            if self._closing:
-                raise BackendError("zookeeper: the client was closed")
-            if _passed(deadline):
-                await self._give_up(attempt)
-                return None
+        if self._closing:
+            raise BackendError("zookeeper: the client was closed")
+        if _passed(deadline):
+            return None
         raise BackendTimeout(
             f"zookeeper: no connection to the servers for {self.config.op_timeout:g} s (op_timeout)"
         )
@@ -322,11 +316,10 @@ class ZooKeeperBackend(Backend):
                 attempt.event = Wakeup()
                 if attempt.in_doubt is not None:
                     await self._recover(attempt)
-                if attempt.node is None:
-                    queue = order(await self._create(attempt))
-                else:
-                    queue = await self._io.queue(attempt.parent)
-                mine = basename(attempt.node.path) if attempt.node is not None else None
+                queue = await (
+                    self._io.queue(attempt.parent) if attempt.node else self._create(attempt)
+                )
+                mine = attempt.node.path.rpartition("/")[2] if attempt.node is not None else None
                 index = next((i for i, c in enumerate(queue) if c.name == mine), None)
                 if index is None:
                     # Our node is gone: its session ended, or someone deleted it.
@@ -334,14 +327,12 @@ class ZooKeeperBackend(Backend):
                     continue
                 strays = [c for c in queue if c.name != mine and c.name.startswith(attempt.prefix)]
                 if strays:
-                    # A create of this attempt whose reply was lost and that protection mode
-                    # missed (the server applied it late): ahead of us it would block us
-                    # for ever, behind us it would hold the lock once we leave.
+                    # A lost-reply create of ours that protection mode missed (applied late):
+                    # ahead it would block us for ever, behind it would hold the lock once we left.
                     await self._io.delete_children(attempt.parent, [c.name for c in strays])
                     continue
                 if index > 0:
                     if _passed(deadline):
-                        await self._give_up(attempt)
                         return None
                     predecessor = f"{attempt.parent}/{queue[index - 1].name}"
                     if not await self._wait_for(attempt, predecessor, index == 1, deadline):
@@ -351,34 +342,28 @@ class ZooKeeperBackend(Backend):
                 if grant is not None:
                     return grant
 
-    async def _create(self, attempt: _Attempt) -> list[str]:
+    async def _create(self, attempt: _Attempt) -> list[Child]:
         """Create the attempt's node and list the queue, in one round trip; when the lock
         node is missing (new, or just reaped), make it and create again at once."""
-        return await retrying(
-            functools.partial(self._create_once, attempt),
-            tries=MAX_PARENT_RETRIES,
-            first=0.0,
-            retry_if=raced,
-            what="zookeeper: create",
-        )
-
-    async def _create_once(self, attempt: _Attempt) -> list[str]:
-        zk = self._io.session
-        if not zk.connected:
-            raise Disconnected()
-        attempt.in_doubt = session_id = zk.session_id
-        created, listed = await self._io.call(
-            protocol.Create2Request(
-                path=f"{attempt.parent}/{attempt.prefix}",
-                data=b"",
-                acl=self.acl,
-                flags=_EPHEMERAL_SEQUENTIAL,
-            ),
-            protocol.GetChildrenRequest(path=attempt.parent, watch=False),
-        )
-        attempt.in_doubt = None
-        if isinstance(created, exc.NoNode):
+        for _ in range(MAX_PARENT_RETRIES):
+            zk = self._io.session
+            if not zk.connected:
+                raise Disconnected()
+            attempt.in_doubt = session_id = zk.session_id
+            created, listed = await self._io.call(
+                protocol.Create2Request(
+                    path=f"{attempt.parent}/{attempt.prefix}",
+                    data=b"",
+                    acl=self.acl,
+                    flags=_EPHEMERAL_SEQUENTIAL,
+                ),
+                protocol.GetChildrenRequest(path=attempt.parent, watch=False),
+            )
+            attempt.in_doubt = None
+            if not isinstance(created, exc.NoNode):
+                break
             await self._io.make_parents(attempt.parent)
+        else:
             raise Raced(
                 f"zookeeper: the lock node {attempt.parent!r} vanished while a node was created "
                 f"in it (it was made again up to {MAX_PARENT_RETRIES} times)"
@@ -388,7 +373,7 @@ class ZooKeeperBackend(Backend):
         self._set_node(attempt, Node(created.path, session_id, created.stat.created_zxid))
         if isinstance(listed, Exception):
             raise listed
-        return list(listed.children)
+        return order(listed.children)
 
     async def _recover(self, attempt: _Attempt) -> None:
         """Protection mode: after a lost create reply, find the node it may have made."""
@@ -396,13 +381,12 @@ class ZooKeeperBackend(Backend):
         if session_id is None or session_id != self._io.session.session_id:
             return  # nothing was in doubt, or the node died with its session
         attempt.had_doubt = True
-        mine = [
-            c for c in await self._io.queue(attempt.parent) if c.name.startswith(attempt.prefix)
-        ]
+        queue = await self._io.queue(attempt.parent)
+        mine = [c.name for c in queue if c.name.startswith(attempt.prefix)]
         if not mine:
             return
-        await self._io.delete_children(attempt.parent, [c.name for c in mine[1:]])
-        path = f"{attempt.parent}/{mine[0].name}"
+        await self._io.delete_children(attempt.parent, mine[1:])
+        path = f"{attempt.parent}/{mine[0]}"
         [stat] = await self._io.call(protocol.ExistsRequest(path=path, watch=False))
         if found(stat) is not None:
             self._set_node(attempt, Node(path, session_id, stat.stat.created_zxid))
@@ -456,45 +440,30 @@ class ZooKeeperBackend(Backend):
             return None
         request = attempt.request
         grant = node.grant = Grant(request.name, request.owner, node.czxid, None, node)
-        if attempt.had_doubt:
-            node.sweep_prefix = attempt.prefix
+        node.sweep_prefix = attempt.prefix if attempt.had_doubt else None
         self._grants[node.path] = grant
         attempt.node = None  # the grant's now, with its watch
         if not node.armed:
-            # Set OWN_WATCH_DELAY after the grant: most uncontended critical sections are
-            # shorter, and cost no request for it.  A node deleted before is noticed by the
-            # reply to the watch.
-            node.arm_timer = asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
+            # Later: most uncontended critical sections end first and cost no request for it
+            # (a node deleted meanwhile is noticed by the watch's reply).
+            asyncio.get_running_loop().call_later(OWN_WATCH_DELAY, self._arm, node)
         return grant
 
     def _arm(self, node: Node) -> None:
         """Set the server-side watch on a node of ours; its reply tells if it is gone."""
-        node.arm_timer = None
-        if node.armed or node.watch is None or self.session is None:
-            return  # set already, or the node is no longer ours to watch
-        fut = self.session.send_nowait(protocol.GetDataRequest(path=node.path, watch=True))
-        if fut is not None:
-            # Lost with the connection, the watch is set again on reconnection (the path
-            # stays in the session's watch table).
-            node.armed = True
-            fut.add_done_callback(functools.partial(self._arm_reply, node))
+        zk = self.session
+        if node.armed or node.watch is None or zk is None or not zk.connected:
+            # Set already, or the node is no longer ours to watch; or disconnected: the
+            # reconnection sets it again (the path stays in the session's watch table).
+            return
+        [fut] = zk.send(protocol.GetDataRequest(path=node.path, watch=True))
+        node.armed = True
+        fut.add_done_callback(functools.partial(self._arm_reply, node))
 
     @staticmethod
     def _arm_reply(node: Node, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() and isinstance(fut.exception(), exc.NoNode) and node.watch:
             node.watch(EVENT_DELETED)  # gone already: as if the watch had fired
-
-    def _vanished(self, grant: Grant) -> None:
-        if not self._held(grant):
-            return  # released, or already reported
-        if self.session is None or grant.data.session_id != self.session.session_id:
-            self._forget(grant)  # its session ended: reported with the session event
-            return
-        self._lose([grant], "the lock node was deleted by someone else (force_release?)")
-
-    def _held(self, grant: Grant) -> bool:
-        """Is ``grant`` still held (not released, lost or forgotten)?"""
-        return self._grants.get(grant.data.path) is grant
 
     def _forget(self, grant: Grant) -> None:
         """No longer held: from now on a deletion of its node is no loss."""
@@ -511,15 +480,7 @@ class ZooKeeperBackend(Backend):
         for grant in grants:
             self._forget(grant)
         if grants and self._on_lost is not None:
-            try:
-                self._on_lost(list(grants), reason)
-            except Exception:  # pragma: no cover - the core's callback must not raise
-                log.exception("zookeeper: the lost-lease callback failed")
-
-    async def _give_up(self, attempt: _Attempt) -> None:
-        """Leave the queue (deadline, or a try-lock that found the lock taken)."""
-        with contextlib.suppress(LeftBehind):  # then the background goes on until done
-            await self._leave(attempt, "acquire")
+            self._on_lost(list(grants), reason)  # (the core's callback does not raise)
 
     async def _leave(self, attempt: _Attempt, what: str) -> None:
         """Delete the attempt's node, and its prefix's nodes if a create reply was lost."""
@@ -562,7 +523,9 @@ class ZooKeeperBackend(Backend):
             for grant, reply in zip(grants, replies, strict=True):
                 node: Node = grant.data
                 alive = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
-                alive = alive and zk.usable(node.session_id) and self._held(grant)
+                alive = (
+                    alive and zk.usable(node.session_id) and self._grants.get(node.path) is grant
+                )
                 results.append(started + ttl if alive else None)
             return results
 
@@ -579,32 +542,20 @@ class ZooKeeperBackend(Backend):
                 await self._io.sweep(parent, prefix, self._io.session.session_id, "abandon")
 
     async def status(self, name: str) -> LockStatus | None:
-        try:
-            return await retrying(
-                functools.partial(self._status_once, name),
-                tries=5,
-                first=0.0,
-                retry_if=raced,
-                what="zookeeper: status",
-            )
-        except Raced:
-            return None  # the holder changed under every look
-
-    async def _status_once(self, name: str) -> LockStatus | None:
         parent = self.lock_path(name)
         with self._translate("status"):
-            queue = await self._io.queue(parent)
-            if not queue:
-                return None
-            holder = queue[0]
-            [reply] = await self._io.call(
-                protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
-            )
-            if found(reply) is None:
-                raise Raced("zookeeper: the holder left while status() looked")
-            return LockStatus(
-                name, unescape_segment(holder.owner), reply.stat.created_zxid, None, len(queue) - 1
-            )
+            for _ in range(5):  # looks again while the holder leaves under the look
+                queue = await self._io.queue(parent)
+                if not queue:
+                    return None
+                holder = queue[0]
+                [reply] = await self._io.call(
+                    protocol.ExistsRequest(path=f"{parent}/{holder.name}", watch=False)
+                )
+                if found(reply) is not None:
+                    owner = unescape_segment(holder.owner)
+                    return LockStatus(name, owner, reply.stat.created_zxid, None, len(queue) - 1)
+        return None  # the holder changed under every look
 
     async def force_release(self, name: str) -> bool:
         parent = self.lock_path(name)
@@ -624,15 +575,11 @@ def _passed(deadline: float | None) -> bool:
 
 def _acl(acl: Any, username: str | None) -> tuple[str, list[Any]]:
     """``(name, ACL list)`` of the nodes a client creates: a preset, or ``"custom"``."""
-    if not isinstance(acl, str):
-        if not isinstance(acl, list | tuple):
-            raise ConfigurationError(
-                f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of aiozk.ACL"
-            )
+    if isinstance(acl, list | tuple):
         if not acl or not all(isinstance(item, ACL) for item in acl):
             raise ConfigurationError("option 'acl' must be a non-empty list of aiozk.ACL")
         return "custom", list(acl)
-    if acl not in ACL_PRESETS:
+    if not isinstance(acl, str) or acl not in ACL_PRESETS:
         raise ConfigurationError(
             f"option 'acl' must be one of {', '.join(ACL_PRESETS)} or a list of "
             f"aiozk.ACL, got {acl!r}"
