@@ -17,7 +17,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self, TypeVar
 
@@ -387,14 +387,9 @@ class SQLiteBackend(Backend):
             self._shared.wake_one(self.board_key(name))
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        return self._waiter(request)
-
-    @contextlib.asynccontextmanager
-    async def _waiter(self, request: Request) -> AsyncIterator[Waiter]:
         backoff = Backoff(first=self.poll_min, cap=self.poll_max)
         board = self.board or WakeupBoard()
-        async with BoardWaiter.context(board, self.board_key(request.name), backoff) as w:
-            yield w
+        return BoardWaiter.context(board, self.board_key(request.name), backoff)
 
     # -- the protocol ---------------------------------------------------------------------
 
