@@ -21,164 +21,137 @@ from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
 from ._cluster import ClusterLinks
 from ._node import Links, ServerLinks
 from ._scripts import ALL_SCRIPTS
-from ._wire import (
-    Address,
-    Link,
-    NodeConnectionError,
-    Target,
-    pack,
-)
+from ._wire import Address, Link, NodeConnectionError, Target, hello, pack
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
+SSL_CERT_REQS = ("required", "optional", "none")
+SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
 Mode = Literal["server", "unix", "sentinel", "cluster"]
+_MODES: dict[str, Mode] = {"sentinel": "sentinel", "cluster": "cluster"}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Settings:
     mode: Mode
     tls: bool
-    hosts: tuple[tuple[str, int], ...]
-    socket_path: str | None
-    db: int
-    service_name: str | None
     username: str | None
     password: str | None = dataclasses.field(repr=False)
     sentinel_username: str | None
     sentinel_password: str | None = dataclasses.field(repr=False)
     client_name: str | None
-    ssl: dict[str, Any]
     sync_replicas: int
     sync_timeout: float
+    ssl: dict[str, Any]
     client: Any = dataclasses.field(repr=False)
     shown: str
-
-
-SSL_CERT_REQS = ("required", "optional", "none")
-_MODES: dict[str, Mode] = {"sentinel": "sentinel", "cluster": "cluster"}
+    hosts: tuple[tuple[str, int], ...] = ()
+    socket_path: str | None = None
+    db: int = 0
+    service_name: str | None = None
 
 
 def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Settings:
     """The settings of a ``redis``/``rediss``/``unix``/Sentinel/Cluster URL and its options."""
-    scheme = url.scheme
+    scheme, path = url.scheme, url.path
     base, _, variant = scheme.partition("+")
-    tls = base == "rediss"
-    mode: Mode = "unix" if base == "unix" else _MODES.get(variant, "server")
     client = options.pop("client", None)
     found = None if client is None else _client_settings(client)
-    password = take_str(options, "password", url.password, secret=True)
-    username = take_str(options, "username", url.username)
-    sentinel_password = take_str(options, "sentinel_password", None, secret=True)
-    sentinel_username = take_str(options, "sentinel_username", None)
-    client_name = take_str(options, "client_name", None)
-    take_int(options, "max_connections", 0, minimum=0)  # (no effect: one connection a server)
-    sync_replicas = take_int(options, "sync_replicas", 0, minimum=0, maximum=100)
-    sync_timeout = take_float(
-        options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
+    s = Settings(
+        mode="unix" if base == "unix" else _MODES.get(variant, "server"),
+        tls=base == "rediss",
+        password=take_str(options, "password", url.password, secret=True),
+        username=take_str(options, "username", url.username),
+        sentinel_password=take_str(options, "sentinel_password", None, secret=True),
+        sentinel_username=take_str(options, "sentinel_username", None),
+        client_name=take_str(options, "client_name", None),
+        sync_replicas=take_int(options, "sync_replicas", 0, minimum=0, maximum=100),
+        sync_timeout=take_float(
+            options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
+        )
+        or 0.0,
+        ssl={},
+        client=client,
+        shown=url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})",
     )
-    assert sync_timeout is not None
-    if sync_replicas and sync_timeout >= config.op_timeout:
+    take_int(options, "max_connections", 0, minimum=0)  # (no effect: one connection a server)
+    if s.sync_replicas and s.sync_timeout >= config.op_timeout:
         raise ConfigurationError(
-            f"option 'sync_timeout' ({sync_timeout:g} s) must be shorter than "
+            f"option 'sync_timeout' ({s.sync_timeout:g} s) must be shorter than "
             f"'op_timeout' ({config.op_timeout:g} s): WAIT runs inside one round trip"
         )
-    ssl = take_ssl_options(options)
-    if ssl and not tls:
+    s.ssl = take_ssl_options(options)
+    if s.ssl and not s.tls:
         raise ConfigurationError(
-            f"TLS options ({', '.join(sorted(ssl))}) need a rediss:// URL, not {scheme}://"
+            f"TLS options ({', '.join(sorted(s.ssl))}) need a rediss:// URL, not {scheme}://"
         )
     db_option = take_int(options, "db", -1, minimum=0)
-    hosts: tuple[tuple[str, int], ...] = ()
-    socket_path: str | None = None
-    service_name: str | None = None
-    db = 0
-    path = url.path
-    if client is not None:
+    if found is not None:
         if url.hosts or path not in ("", "/") or url.password is not None:
             raise ConfigurationError(
                 "with option 'client', the URL must not name a server "
                 f"(use '{scheme}://'), got {url.redacted()!r}"
             )
-        if mode in ("sentinel", "unix"):
+        if s.mode in ("sentinel", "unix"):
             raise ConfigurationError(
                 f"option 'client' takes 'redis://' or 'redis+cluster://', not {scheme}://"
             )
-        assert found is not None
-        if (mode == "cluster") != found["cluster"]:
+        if (s.mode == "cluster") != found["cluster"]:
             raise ConfigurationError(
                 "option 'client': use 'redis+cluster://' with a RedisCluster client and "
                 "'redis://' with a Redis client"
             )
-        hosts, socket_path, db = found["hosts"], found["path"], found["db"]
-        mode = "unix" if socket_path is not None else mode
-        tls, ssl = found["tls"], ssl or found["ssl"]
-        username = username or found["username"]
-        password = password or found["password"]
-        client_name = client_name or found["client_name"]
-    elif mode == "unix":
+        s.hosts, s.socket_path, s.db = found["hosts"], found["path"], found["db"]
+        s.mode = "unix" if s.socket_path is not None else s.mode
+        s.tls, s.ssl = found["tls"], s.ssl or found["ssl"]
+        s.username = s.username or found["username"]
+        s.password = s.password or found["password"]
+        s.client_name = s.client_name or found["client_name"]
+    elif s.mode == "unix":
         if url.hosts or not path or path == "/":
             raise ConfigurationError(
                 "a unix URL is 'unix:///path/to/redis.sock' (options: ?db=N&password=...)"
             )
-        socket_path = path
-    elif mode == "server":
+        s.socket_path = path
+    elif s.mode == "server":
         if len(url.hosts) > 1:
             raise ConfigurationError(
                 f"a {scheme}:// URL names one server; for several use "
                 f"'{base}+cluster://h1:p1,h2:p2', '{base}+sentinel://...' or 'redlock://'"
             )
-        hosts = tuple(url.host_list(DEFAULT_PORT)) or (("localhost", DEFAULT_PORT),)
-        db = db_from_path(path)
-    elif mode == "sentinel":
+        s.hosts = tuple(url.host_list(DEFAULT_PORT)) or (("localhost", DEFAULT_PORT),)
+        s.db = db_from_path(path)
+    elif s.mode == "sentinel":
         if not url.hosts:
             raise ConfigurationError(
                 f"a {scheme}:// URL lists the sentinels: "
                 f"'{scheme}://h1:26379,h2:26379/service_name'"
             )
-        hosts = tuple(url.host_list(DEFAULT_SENTINEL_PORT))
+        s.hosts = tuple(url.host_list(DEFAULT_SENTINEL_PORT))
         parts = [p for p in path.split("/") if p]
         if not parts or len(parts) > 2:
             raise ConfigurationError(
                 f"a {scheme}:// URL ends with the service name: "
                 f"'{scheme}://h1:26379,h2:26379/mymaster' (optionally '/mymaster/DB')"
             )
-        service_name = parts[0]
-        if len(parts) == 2:
-            db = db_from_path("/" + parts[1])
+        s.service_name = parts[0]
+        s.db = db_from_path("/" + "/".join(parts[1:]))
     else:  # cluster
         if not url.hosts:
             raise ConfigurationError(
                 f"a {scheme}:// URL lists one or more nodes: '{scheme}://h1:7000,h2:7001'"
             )
-        hosts = tuple(url.host_list(DEFAULT_PORT))
+        s.hosts = tuple(url.host_list(DEFAULT_PORT))
         if path not in ("", "/", "/0"):
             raise ConfigurationError(
                 f"Redis Cluster has only database 0; remove {path!r} from the URL"
             )
     if db_option >= 0:
-        if mode == "cluster" and db_option != 0:
+        if s.mode == "cluster" and db_option != 0:
             raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
-        db = db_option
-    shown = url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})"
-    return Settings(
-        mode=mode,
-        tls=tls,
-        hosts=hosts,
-        socket_path=socket_path,
-        db=db,
-        service_name=service_name,
-        username=username,
-        password=password,
-        sentinel_username=sentinel_username,
-        sentinel_password=sentinel_password,
-        client_name=client_name,
-        ssl=ssl,
-        sync_replicas=sync_replicas,
-        sync_timeout=sync_timeout,
-        client=client,
-        shown=shown,
-    )
+        s.db = db_option
+    return s
 
 
 def db_from_path(path: str) -> int:
@@ -211,12 +184,9 @@ def ssl_context_factory(options: dict[str, Any]) -> Callable[[], ssl.SSLContext]
 
 
 def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Pop the ``ssl_*`` options (for ``rediss`` URLs) and check them."""
-    ssl: dict[str, Any] = {}
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"):
-        value = take_str(options, name, None)
-        if value is not None:
-            ssl[name] = value
+    """Pop the ``ssl_*`` options and check them."""
+    files = {name: take_str(options, name, None) for name in SSL_FILES}
+    ssl: dict[str, Any] = {name: value for name, value in files.items() if value is not None}
     reqs = take_str(options, "ssl_cert_reqs", None)
     if reqs is not None:
         if reqs.lower() not in SSL_CERT_REQS:
@@ -251,11 +221,7 @@ def _client_settings(client: Any) -> dict[str, Any]:
             "option 'client' must be a redis.asyncio.Redis or "
             f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
         )
-    ssl_options = {
-        name: kwargs[name]
-        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
-        if kwargs.get(name)
-    }
+    ssl_options = {name: kwargs[name] for name in SSL_FILES if kwargs.get(name)}
     tls = "ssl_cert_reqs" in kwargs or bool(kwargs.get("ssl"))
     if tls:
         reqs = kwargs.get("ssl_cert_reqs", "required")
@@ -285,14 +251,14 @@ class SentinelMaster:
         assert s.service_name is not None
         self.service = s.service_name
         self._tls = tls
+        auth = hello(s.sentinel_username, s.sentinel_password)
         self._links = [
             Link(
                 f"redis sentinel {host}:{port}",
                 Address(host, port, tls=tls),
                 connect_timeout=config.connect_timeout,
                 op_timeout=config.op_timeout,
-                username=s.sentinel_username,
-                password=s.sentinel_password,
+                hello=auth,
             )
             for host, port in s.hosts
         ]
@@ -320,16 +286,13 @@ def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, 
     tls = ssl_context_factory(s.ssl) if s.tls else None
 
     def make_link(target: Target, label: str = "redis", *, pubsub: bool = False) -> Link:
+        scripts = () if pubsub else ALL_SCRIPTS
         return Link(
             label,
             target,
             connect_timeout=config.connect_timeout,
             op_timeout=config.op_timeout,
-            username=s.username,
-            password=s.password,
-            db=s.db,
-            client_name=s.client_name,
-            scripts=() if pubsub else ALL_SCRIPTS,
+            hello=hello(s.username, s.password, s.db, s.client_name, scripts),
         )
 
     if s.mode == "cluster":
@@ -375,10 +338,8 @@ class RedlockSettings:
 
 
 def take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ...] | None:
-    """The ``passwords`` option: one password (or None) per node, in the URL's order.
-
-    A keyword argument only (a list): a query parameter would put every secret in the URL.
-    """
+    """One password (or None) per node, in the URL's order: a keyword argument only (a
+    query parameter would put every secret in the URL)."""
     value = options.pop("passwords", None)
     if value is None:
         return None
@@ -392,11 +353,11 @@ def take_passwords(options: dict[str, Any], nodes: int) -> tuple[str | None, ...
             f"option 'passwords' has {len(value)} entries for {nodes} nodes: give one per "
             f"node, in the URL's order (None for a node without a password)"
         )
-    for item in value:
-        if item is not None and not isinstance(item, str):
-            raise ConfigurationError(
-                f"option 'passwords' needs strings (or None), got a {type(item).__name__}"
-            )
+    wrong = [
+        type(item).__name__ for item in value if item is not None and not isinstance(item, str)
+    ]
+    if wrong:
+        raise ConfigurationError(f"option 'passwords' needs strings (or None), got a {wrong[0]}")
     return tuple(value)
 
 
@@ -409,15 +370,12 @@ def parse_redlock_settings(
             "a redlock:// URL lists the Redis masters: 'redlock://h1:6379,h2:6379,h3:6379'"
         )
     hosts = tuple(url.host_list(DEFAULT_PORT))
-    seen: set[tuple[str, int]] = set()
-    for host in hosts:
-        if host in seen:
-            raise ConfigurationError(
-                f"redlock:// lists {host[0]}:{host[1]} twice: every node must be a "
-                f"different Redis master"
-            )
-        seen.add(host)
-    db = db_from_path(url.path)
+    twice = [host for i, host in enumerate(hosts) if host in hosts[:i]]
+    if twice:
+        raise ConfigurationError(
+            f"redlock:// lists {twice[0][0]}:{twice[0][1]} twice: every node must be a "
+            f"different Redis master"
+        )
     password = take_str(options, "password", url.password, secret=True)
     passwords = take_passwords(options, len(hosts))
     if passwords is not None and password is not None:
@@ -450,7 +408,7 @@ def parse_redlock_settings(
         )
     return RedlockSettings(
         hosts=hosts,
-        db=db,
+        db=db_from_path(url.path),
         username=username,
         password=password,
         passwords=passwords,

@@ -7,12 +7,15 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import describe
 from ..._types import monotonic
 from ..._wakeup import Backoff, BoardWaiter, Slot, Timer, WakeupBoard
-from ._wire import Link, NodeConnectionError, PushPipe, pack
+from ._wire import Link, NodeConnectionError, Pipe, pack
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig
 
 log = logging.getLogger("aiodlock")
 
@@ -61,7 +64,7 @@ class _Silence:
 
     __slots__ = ("_interval", "_patience", "_pipe", "_sent", "timer")
 
-    def __init__(self, pipe: PushPipe, interval: float, patience: float) -> None:
+    def __init__(self, pipe: Pipe, interval: float, patience: float) -> None:
         self._pipe = pipe
         self._interval = interval
         self._patience = patience
@@ -79,7 +82,7 @@ class _Silence:
         quiet_until = pipe.last + self._interval
         if quiet_until > now:
             return quiet_until
-        pipe.write(pack(b"PING"))
+        pipe.send(pack(b"PING"), ())
         self._sent = now
         return now + self._patience
 
@@ -99,23 +102,21 @@ class PubSubHub:
         self,
         link: Link,
         board: WakeupBoard,
-        *,
-        op_timeout: float,
-        ping_interval: float,
-        label: str = "redis",
-        secrets: tuple[str, ...] = (),
+        config: CommonConfig,
+        label: str,
+        secrets: tuple[str, ...],
         on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self.link = link
         link.on_push = self._dispatch
         self._on_reconnect = on_reconnect
         self.board = board
-        self.op_timeout = op_timeout
-        self.ping_interval = ping_interval
+        self.op_timeout = config.op_timeout
+        self.ping_interval = max(1.0, min(10.0, config.watchdog_ttl / 3))
         self.label = label
         self._secrets = secrets
         self._channels: dict[bytes, Channel] = {}
-        self._pipe: PushPipe | None = None
+        self._pipe: Pipe | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         #: Seconds a subscription outlives its last local waiter.
@@ -169,7 +170,7 @@ class PubSubHub:
                 state.requested = True
                 state.inflight += 1
                 state.set_ready(False)
-                self._pipe.write(pack(b"SUBSCRIBE", channel))
+                self._pipe.send(pack(b"SUBSCRIBE", channel), ())
             if not state.ready.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.op_timeout):
@@ -198,7 +199,7 @@ class PubSubHub:
             state.inflight += 1
             state.missed = 0
             state.set_ready(False)
-            self._pipe.write(pack(b"UNSUBSCRIBE", channel))
+            self._pipe.send(pack(b"UNSUBSCRIBE", channel), ())
         elif state.inflight == 0:
             del self._channels[channel]
 
@@ -209,7 +210,6 @@ class PubSubHub:
             try:
                 async with asyncio.timeout(link.connect_timeout + self.op_timeout):
                     pipe = await link.connect()
-                assert isinstance(pipe, PushPipe)
                 backoff.reset()
                 await self._serve(pipe)
             except asyncio.CancelledError:
@@ -232,7 +232,7 @@ class PubSubHub:
                 link.drop(NodeConnectionError("the pub/sub connection was given up"))
             await asyncio.sleep(backoff.next())
 
-    async def _serve(self, pipe: PushPipe) -> None:
+    async def _serve(self, pipe: Pipe) -> None:
         # NOTE: no await between collecting the wanted channels and publishing the
         # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
         wanted = self.channels()
@@ -246,7 +246,7 @@ class PubSubHub:
             state.wake = reconnect
         self._pipe = pipe
         if wanted:
-            pipe.write(pack(b"SUBSCRIBE", *wanted))
+            pipe.send(pack(b"SUBSCRIBE", *wanted), ())
         self.connected.set()
         if reconnect and self._on_reconnect is not None:
             self._on_reconnect()  # (a restart or failover: the command links, too)

@@ -1,12 +1,9 @@
-"""One pipelined connection to one Redis server, shared by ``redis`` and ``redlock``.
+"""The one transport of both Redis backends: pipelined connections, RESP, script calls.
 
-A :class:`Link` is ONE connection spoken to through an asyncio :class:`Pipe` protocol with
-the hiredis reader: requests are written in order and their replies handed to callbacks in
-the same order (one write per request, one future per caller, and an attempt's clean-up can
-never overtake the attempt).  An unanswered request is not cancelled on the wire: its reply
-is dropped when it comes; a connection whose oldest request has waited ``op_timeout`` is
-dropped and the next request makes a new one.  Replies are what hiredis decodes; an error
-reply is a :class:`ReplyError` value and a broken connection a :class:`NodeConnectionError`
+A :class:`Link`'s requests are written in order and their replies handed to callbacks in
+the same order (an attempt's clean-up can never overtake the attempt).  An unanswered
+request is not cancelled on the wire: its reply is dropped when it comes.  An error reply
+is a :class:`ReplyError` value and a broken connection a :class:`NodeConnectionError`
 value, handed to the callbacks, never raised.
 """
 
@@ -84,18 +81,14 @@ def _bulk(arg: Arg) -> bytes:
 
 def pack(*args: Arg) -> bytes:
     """One command in the Redis protocol (RESP)."""
-    return _head(len(args), args)
-
-
-def _head(count: int, first: Sequence[Arg]) -> bytes:
-    """The start of a command of ``count`` arguments: the count and the ``first`` ones."""
-    return b"*%d\r\n" % count + b"".join([_bulk(arg) for arg in first])
+    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
 
 
 def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
     """``EVALSHA sha numkeys keys...`` of a command with ``nargs`` arguments after them."""
     sha, nargs, keys = index
-    return _head(3 + len(keys) + nargs, (b"EVALSHA", sha, len(keys), *keys))
+    head: tuple[Arg, ...] = (b"EVALSHA", sha, len(keys), *keys)
+    return b"*%d\r\n" % (len(head) + nargs) + b"".join([_bulk(arg) for arg in head])
 
 
 #: The part before the args of recent (script, keys) pairs: a lock's calls repeat it.
@@ -108,19 +101,15 @@ class ScriptCall:
     __slots__ = ("args", "data", "keys", "script")
 
     def __init__(
-        self,
-        script: Script,
-        keys: Sequence[bytes],
-        args: Sequence[Arg],
-        data: bytes | None = None,
+        self, script: Script, keys: Sequence[bytes], args: Sequence[Arg], data: bytes = b""
     ) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         #: ``EVALSHA sha numkeys keys... args...`` (packed here unless given)
-        if data is None:
-            data = _HEADS((script.sha, len(args), tuple(keys))) + b"".join(map(_bulk, args))
-        self.data = data
+        self.data = data or _HEADS((script.sha, len(args), tuple(keys))) + b"".join(
+            map(_bulk, args)
+        )
 
     def with_source(self) -> bytes:
         """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
@@ -182,12 +171,17 @@ class Pipe(asyncio.Protocol):
 
     ONE timer per connection watches the oldest unanswered request: when it has waited
     ``op_timeout``, every request on the connection gets a :class:`~aiodlock.BackendTimeout`
-    (no caller needs a timer of its own).
+    (no caller needs a timer of its own).  With ``on_push`` it is a pub/sub connection:
+    replies no request waits for (messages) go there, ``last`` is when data last came and
+    ``lost`` gets the error the connection ended with.
     """
 
-    def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
+    def __init__(
+        self, label: str = "redis", op_timeout: float | None = None, on_push: OnReply | None = None
+    ) -> None:
         self.label = label
         self.op_timeout = op_timeout
+        self.on_push = on_push
         self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
@@ -198,6 +192,8 @@ class Pipe(asyncio.Protocol):
         )
         #: Why the connection is unusable, once it is.
         self.broken: BaseException | None = None
+        self.last = monotonic()
+        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -206,8 +202,10 @@ class Pipe(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        waiting = self._waiting
-        while waiting or self.pushed:
+        waiting, on_push = self._waiting, self.on_push
+        if on_push is not None:
+            self.last = monotonic()
+        while waiting or on_push is not None:
             try:
                 reply = reader.gets()
             except hiredis.ProtocolError as exc:
@@ -216,7 +214,7 @@ class Pipe(asyncio.Protocol):
             if reply is False:
                 return
             if not waiting:
-                self.on_push(reply)  # (a pub/sub message)
+                on_push(reply)  # type: ignore[misc]  # (a pub/sub message)
                 continue
             callback, call, _ = waiting.popleft()
             if call is not None and type(reply) is ReplyError and str(reply).startswith("NOSCRIPT"):
@@ -228,12 +226,6 @@ class Pipe(asyncio.Protocol):
                 callback(reply)
             except Exception:  # pragma: no cover - a bug in a callback must not desync us
                 log.exception("aiodlock: a redis reply handler failed")
-
-    #: Replies no request waits for are read (and go to :meth:`on_push`): a pub/sub one.
-    pushed = False
-
-    def on_push(self, reply: Any) -> None:
-        """A reply no request waits for (a :class:`PushPipe`'s messages)."""
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
@@ -260,6 +252,8 @@ class Pipe(asyncio.Protocol):
                 callback(self.broken)
             except Exception:  # pragma: no cover - see data_received
                 log.exception("aiodlock: a redis reply handler failed")
+        if not self.lost.done():
+            self.lost.set_result(self.broken)
 
     def close(self, error: BaseException) -> None:
         """Give up on the connection: every unanswered request gets ``error``."""
@@ -298,33 +292,6 @@ class Pipe(asyncio.Protocol):
         return self._waiting[0][2] if self._waiting else None
 
 
-class PushPipe(Pipe):
-    """A pub/sub connection: replies no request waits for (messages) go to ``on_push``;
-    ``lost`` gets the error the connection ended with; ``last`` is when data last came."""
-
-    pushed = True
-
-    def __init__(self, label: str, op_timeout: float | None, on_push: OnReply) -> None:
-        super().__init__(label, op_timeout)
-        self.on_push = on_push  # type: ignore[method-assign,assignment]
-        self.last = monotonic()
-        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self.last = monotonic()
-        super().data_received(data)
-
-    def _fail(self, error: BaseException) -> None:
-        super()._fail(error)
-        if not self.lost.done():
-            self.lost.set_result(self.broken or error)
-
-    def write(self, data: bytes) -> None:
-        """Send ``data`` (its answers are pushed)."""
-        if self.broken is None and self.transport is not None:
-            self.transport.write(data)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
     """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``; ``tls``
@@ -346,13 +313,30 @@ class Address:
 Target = Address | Callable[[], Awaitable[Address]]
 
 
+def hello(
+    username: str | None = None,
+    password: str | None = None,
+    db: int = 0,
+    client_name: str | None = None,
+    scripts: Sequence[Script] = (),
+) -> list[bytes]:
+    """A new connection's handshake: AUTH, CLIENT SETNAME, SELECT, SCRIPT LOAD."""
+    commands: list[bytes] = []
+    if password is not None:
+        commands.append(pack(b"AUTH", *((username, password) if username else (password,))))
+    if client_name:
+        commands.append(pack(b"CLIENT", b"SETNAME", client_name))
+    if db:
+        commands.append(pack(b"SELECT", db))
+    return commands + [pack(b"SCRIPT", b"LOAD", script.source) for script in scripts]
+
+
 class Link:
     """ONE pipelined connection to one server, made (again) on demand: requests made
     meanwhile are sent, in order, once it is ready.
 
-    ``extra()`` may add packed commands to the handshake (AUTH, CLIENT SETNAME, SELECT,
-    SCRIPT LOAD); ``on_extra(replies)`` gets their replies.  With ``on_push`` the connection
-    is a pub/sub one (:class:`PushPipe`).
+    Every new connection first sends the ``hello`` commands in one round trip;
+    ``on_hello(replies)`` gets their replies.  With ``on_push`` it is a pub/sub connection.
     """
 
     def __init__(
@@ -362,26 +346,17 @@ class Link:
         *,
         connect_timeout: float,
         op_timeout: float,
-        username: str | None = None,
-        password: str | None = None,
-        db: int = 0,
-        client_name: str | None = None,
-        scripts: Sequence[Script] = (),
-        extra: Callable[[], list[bytes]] | None = None,
-        on_extra: Callable[[list[Any]], None] | None = None,
+        hello: Sequence[bytes] = (),
+        on_hello: Callable[[list[Any]], None] | None = None,
         on_push: OnReply | None = None,
     ) -> None:
         self.label = label
         self.address = address
         self.connect_timeout = connect_timeout
         self.op_timeout = op_timeout
-        self._username = username
-        self._password = password
-        self._db = db
-        self._client_name = client_name
-        self._scripts = tuple(scripts)
-        self._extra = extra
-        self._on_extra = on_extra
+        self._hello = b"".join(hello)
+        self._hellos = len(hello)
+        self._on_hello = on_hello
         self.on_push = on_push
         #: The current connection's pipe (None before the first and after a broken one).
         self.pipe: Pipe | None = None
@@ -404,16 +379,15 @@ class Link:
 
     def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data``; ``callbacks`` get the replies (or the failure) in order."""
+        pipe = self._usable()
+        if pipe is not None:
+            pipe.send(data, callbacks, calls)
+            return
         if self.closed:
             error = NodeConnectionError("the connection is closed")
             for callback in callbacks:
                 callback(error)
             return
-        pipe = self._usable()
-        if pipe is not None:
-            pipe.send(data, callbacks, calls)
-            return
-        task = self._connection()
 
         def send_when_ready(task: asyncio.Task[Pipe]) -> None:
             if task.cancelled():
@@ -426,7 +400,7 @@ class Link:
             for callback in callbacks:
                 callback(error)
 
-        task.add_done_callback(send_when_ready)
+        self._connection().add_done_callback(send_when_ready)
 
     async def connect(self) -> Pipe:
         """The open connection, made now if there is none (raises if that fails)."""
@@ -467,13 +441,7 @@ class Link:
             async with asyncio.timeout(self.connect_timeout):
                 target = self.address
                 address = target if isinstance(target, Address) else await target()
-                label, limit, on_push = self.label, self.op_timeout, self.on_push
-
-                def protocol() -> Pipe:
-                    if on_push is None:
-                        return Pipe(label, limit)
-                    return PushPipe(label, limit, on_push)
-
+                protocol = functools.partial(Pipe, self.label, self.op_timeout, self.on_push)
                 if address.path is not None:
                     _, pipe = await loop.create_unix_connection(protocol, address.path)
                 elif address.tls is not None:
@@ -486,7 +454,8 @@ class Link:
                     )
                 else:
                     _, pipe = await loop.create_connection(protocol, address.host, address.port)
-                await self._handshake(pipe)
+                if self._hellos:
+                    await self._handshake(pipe)
         except BaseException as exc:
             if pipe is not None:
                 pipe.close(NodeConnectionError("the connection attempt failed"))
@@ -498,24 +467,8 @@ class Link:
         return pipe
 
     async def _handshake(self, pipe: Pipe) -> None:
-        """AUTH, CLIENT SETNAME, SELECT, load the scripts, the extras: one round trip."""
-        commands: list[bytes] = []
-        if self._password is not None:
-            auth = (self._username, self._password) if self._username else (self._password,)
-            commands.append(pack(b"AUTH", *auth))
-        if self._client_name:
-            commands.append(pack(b"CLIENT", b"SETNAME", self._client_name))
-        if self._db:
-            commands.append(pack(b"SELECT", self._db))
-        commands += [pack(b"SCRIPT", b"LOAD", script.source) for script in self._scripts]
-        own = len(commands)
-        if self._extra is not None:
-            commands += self._extra()
-        if not commands:
-            return
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
-        pipe.send(b"".join(commands), [resolver(f) for f in futures])
+        futures = [asyncio.get_running_loop().create_future() for _ in range(self._hellos)]
+        pipe.send(self._hello, [resolver(f) for f in futures])
         replies = [await f for f in futures]
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -525,8 +478,8 @@ class Link:
                         f"authentication failed, check the username and password: {text}"
                     )
                 raise reply
-        if self._on_extra is not None:
-            self._on_extra(replies[own:])
+        if self._on_hello is not None:
+            self._on_hello(replies)
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""

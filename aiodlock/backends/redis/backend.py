@@ -117,13 +117,7 @@ class RedisBackend(Backend):
         links, hub_link, self._closing = connect_deployment(self.settings, self.config)
         self._links = links
         self._hub = PubSubHub(
-            hub_link,
-            self.board,
-            op_timeout=self.config.op_timeout,
-            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
-            label="redis",
-            secrets=self._secrets,
-            on_reconnect=links.reset,
+            hub_link, self.board, self.config, "redis", self._secrets, links.reset
         )
         try:  # (the servers answer, and we may talk to them)
             async with asyncio.timeout(self.config.connect_timeout):

@@ -33,7 +33,7 @@ from ._node import abandon_call, acquire_call, force_release_call, ms, release_c
 from ._pubsub import Listening, PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys, Memo, key_table
-from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, pack
+from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, hello, pack
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -117,44 +117,27 @@ class RedlockBackend(Backend):
 
     def _build_node(self, index: int, host: str, port: int) -> Node:
         s = self.settings
-        password = s.password if s.passwords is None else s.passwords[index]
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        node = Node(index, address, self.secrets)
+        auth = hello(s.username, s.password if s.passwords is None else s.passwords[index], s.db)
+        address = Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None)
+        node = Node(index, str(address), self.secrets)
         link = functools.partial(
             Link,
             node.label,
-            Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None),
+            address,
             connect_timeout=self.config.connect_timeout,
             op_timeout=self.config.op_timeout,
-            username=s.username,
-            password=password,
-            db=s.db,
         )
+        # (with rejoin_delay, every new connection asks the REJOIN script when it counts)
+        rejoin = [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(s.rejoin_delay))]
         node.link = link(
-            scripts=REDLOCK_SCRIPTS,
-            extra=self._rejoin_check if s.rejoin_delay > 0 else None,
-            on_extra=functools.partial(self._rejoined, node),
+            hello=[*auth, *hello(scripts=REDLOCK_SCRIPTS), *(rejoin if s.rejoin_delay else ())],
+            on_hello=functools.partial(self._rejoined, node) if s.rejoin_delay else None,
         )
-        # The node's pub/sub connection: the same transport, in subscribe mode.
-        pubsub = link()
-        node.hub = PubSubHub(
-            pubsub,
-            self.board,
-            op_timeout=self.config.op_timeout,
-            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
-            label=node.label,
-            secrets=self.secrets,
-        )
+        node.hub = PubSubHub(link(hello=auth), self.board, self.config, node.label, self.secrets)
         return node
-
-    def _rejoin_check(self) -> list[bytes]:
-        """The handshake's extra command with ``rejoin_delay``: the REJOIN script."""
-        return [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(self.settings.rejoin_delay))]
 
     def _rejoined(self, node: Node, replies: list[Any]) -> None:
         """The REJOIN script's answer: from when ``node``'s votes count."""
-        if not replies:
-            return
         left = replies[-1] if isinstance(replies[-1], int) else 0
         node.counts_after = monotonic() + max(0, left) / 1000
         delayed = [n.counts_after for n in self._nodes]
