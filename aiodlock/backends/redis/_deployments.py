@@ -13,13 +13,13 @@ import dataclasses
 import functools
 import ssl
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from ..._errors import ConfigurationError
 from ..._types import CommonConfig
 from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
 from ._cluster import ClusterLinks
-from ._node import Links, ServerLinks
+from ._node import ServerLinks
 from ._scripts import ALL_SCRIPTS
 from ._wire import Address, Link, NodeConnectionError, Target, hello, pack
 
@@ -28,6 +28,8 @@ DEFAULT_SENTINEL_PORT = 26379
 SSL_CERT_REQS = ("required", "optional", "none")
 SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
+#: Where a deployment's commands go.
+Links: TypeAlias = ServerLinks | ClusterLinks
 Mode = Literal["server", "unix", "sentinel", "cluster"]
 _MODES: dict[str, Mode] = {"sentinel": "sentinel", "cluster": "cluster"}
 

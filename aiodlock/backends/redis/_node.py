@@ -1,13 +1,13 @@
-"""What both Redis backends send: the script calls (the hot ones packed once), and where a
-deployment's commands go (:class:`Links`: one server, or the master a Sentinel names,
-:class:`ServerLinks`; the master of a key's Cluster slot, :class:`~._cluster.ClusterLinks`).
+"""What both Redis backends send: the script calls (the hot ones packed once), and the
+links of one server (:class:`ServerLinks`; a Cluster's are :class:`~._cluster.ClusterLinks`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final, Protocol
+import dataclasses
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from .._base import Backend
 from ._scripts import (
     ABANDON,
     ACQUIRE,
@@ -16,8 +16,15 @@ from ._scripts import (
     RELEASE_TRANSFER,
     STATUS,
     LockKeys,
+    Memo,
+    key_table,
 )
 from ._wire import CallTemplate, Link, OnReply, ReplyError, ScriptCall, pack
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig
+
+S = TypeVar("S")
 
 #: Error replies that time cures: a server loading its data after a restart, read-only or
 #: down while a failover runs, a Cluster slot moving.
@@ -32,40 +39,12 @@ def ms(seconds: float) -> int:
     return max(1, int(seconds * 1000 + 0.5))
 
 
+@dataclasses.dataclass(slots=True)
 class GrantData:
-    """What a grant needs to be renewed and released (a plain class: made per acquire)."""
+    """What a grant needs to be renewed and released."""
 
-    __slots__ = ("keys", "token")
-
-    def __init__(self, keys: LockKeys, token: str) -> None:
-        self.keys = keys
-        self.token = token
-
-    def __repr__(self) -> str:
-        return f"<GrantData {self.keys.lock!r} token={self.token}>"
-
-
-class Links(Protocol):
-    """Where a deployment's commands go (each method sends at once, nothing is awaited)."""
-
-    def eval(self, call: ScriptCall, deliver: OnReply) -> None:
-        """Run ``call`` on the server of its keys; ``deliver`` gets the reply."""
-
-    def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
-        """Run ``calls`` (one write per server); ``deliver`` gets the list of replies, or
-        the first failure."""
-
-    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
-        """Run ``call`` then ``wait`` (a WAIT) on one connection of that server, kept for
-        such calls (a WAIT blocks its connection); ``deliver`` gets ``[reply, acks]``."""
-
-    async def ping(self) -> None:
-        """Connect (loading the scripts) and check that every server answers."""
-
-    def reset(self) -> None:
-        """The servers may have changed (a failover, a READONLY answer): find them anew."""
-
-    def close(self) -> None: ...
+    keys: LockKeys
+    token: str
 
 
 def eval_wait(link: Link, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
@@ -99,8 +78,11 @@ _EARLY: Final = object()
 
 
 class ServerLinks:
-    """One server (plain, Unix socket, TLS, or the master a Sentinel names): ONE link for
-    every command, and one more, made on first use, for grants that ``WAIT``."""
+    """Where a deployment's commands go (each method sends at once, nothing is awaited), on
+    one server (plain, Unix socket, TLS, or the master a Sentinel names): ONE link for every
+    command, and one more, made on first use, for grants that ``WAIT`` (it blocks its
+    connection).  ``eval_many`` makes one write per server; ``reset`` drops idle connections
+    (the server may have changed: a failover, a READONLY answer)."""
 
     def __init__(self, link: Link, make_wait_link: Any = None) -> None:
         self.link = link
@@ -131,13 +113,6 @@ class ServerLinks:
             self._wait_link.close()
 
 
-def _release_call(
-    keys: LockKeys, owner: str, token: str
-) -> tuple[tuple[bytes, ...], tuple[str, str, bytes, bytes]]:
-    """KEYS and ARGV of the RELEASE script."""
-    return (keys.lock, keys.queue, keys.deadlines), (owner, token, keys.channel, keys.waiter_prefix)
-
-
 def transfer_template(index: tuple[LockKeys, str, str, int]) -> CallTemplate:
     """The RELEASE_TRANSFER call of ``(keys, releasing owner, receiving owner, lease ms)``,
     packed but for the releaser's token (argument 1): memoize it, fill in the token per
@@ -161,8 +136,8 @@ def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall
     """The RELEASE call of ``(keys, owner)`` packed but for the token, and with the token
     '' (any token of this owner): memoize it, fill in the token per release."""
     keys, owner = index
-    k, a = _release_call(keys, owner, "")
-    template = CallTemplate(RELEASE, k, a, 1)
+    k = (keys.lock, keys.queue, keys.deadlines)
+    template = CallTemplate(RELEASE, k, (owner, "", keys.channel, keys.waiter_prefix), 1)
     return template, template.fill("")
 
 
@@ -178,3 +153,21 @@ def force_release_call(keys: LockKeys) -> ScriptCall:
 
 def status_call(keys: LockKeys) -> ScriptCall:
     return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
+
+
+class KeyedBackend(Backend, Generic[S]):
+    """What both Redis backends share: their settings, keys, and the hot calls packed once
+    (an owner's attempts and releases repeat them)."""
+
+    def __init__(self, settings: S, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._keys = key_table(config.namespace)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            release_calls
+        )
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` in this backend's namespace."""
+        return self._keys(name)

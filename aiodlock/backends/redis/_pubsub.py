@@ -27,18 +27,6 @@ _ANYONE = (b"released", b"next")
 class Channel:
     """What the hub knows about one channel."""
 
-    __slots__ = (
-        "inflight",
-        "key",
-        "linger",
-        "missed",
-        "ready",
-        "requested",
-        "since",
-        "wake",
-        "wanted",
-    )
-
     def __init__(self, key: str) -> None:
         self.key = key  # the WakeupBoard key of its waiters
         self.wanted = 0  # local waiters
@@ -51,40 +39,8 @@ class Channel:
         self.linger: asyncio.TimerHandle | None = None  # the pending UNSUBSCRIBE
 
     def set_ready(self, ready: bool) -> None:
-        if ready:
-            self.ready.set()
-        else:
-            self.ready.clear()
+        (self.ready.set if ready else self.ready.clear)()
         self.since = monotonic() if ready else None
-
-
-class _Silence:
-    """``interval`` seconds after the last thing read it sends PING; when nothing has come
-    ``patience`` seconds later, it closes the connection (one timer per connection)."""
-
-    __slots__ = ("_interval", "_patience", "_pipe", "_sent", "timer")
-
-    def __init__(self, pipe: Pipe, interval: float, patience: float) -> None:
-        self._pipe = pipe
-        self._interval = interval
-        self._patience = patience
-        self._sent: float | None = None  # when the unanswered PING went
-        self.timer = Timer(self._due)
-        self.timer.at(monotonic() + interval)
-
-    def _due(self, now: float) -> float | None:
-        pipe = self._pipe
-        if self._sent is not None:
-            if pipe.last < self._sent:
-                pipe.close(NodeConnectionError(f"no answer to PING within {self._patience} s"))
-                return None
-            self._sent = None
-        quiet_until = pipe.last + self._interval
-        if quiet_until > now:
-            return quiet_until
-        pipe.send(pack(b"PING"), ())
-        self._sent = now
-        return now + self._patience
 
 
 class PubSubHub:
@@ -110,23 +66,19 @@ class PubSubHub:
         self.link = link
         link.on_push = self._dispatch
         self._on_reconnect = on_reconnect
-        self.board = board
+        self.board, self.label, self._secrets = board, label, secrets
         self.op_timeout = config.op_timeout
         self.ping_interval = max(1.0, min(10.0, config.watchdog_ttl / 3))
-        self.label = label
-        self._secrets = secrets
         self._channels: dict[bytes, Channel] = {}
         self._pipe: Pipe | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        #: Seconds a subscription outlives its last local waiter.
-        self.linger = 1.0
+        self.linger = 1.0  # seconds a subscription outlives its last local waiter
         self._served = False  # a connection was made before (so messages may be missed)
         self.connected = asyncio.Event()
 
     def is_ready(self, channel: bytes) -> bool:
-        state = self._channels.get(channel)
-        return state is not None and state.ready.is_set()
+        return self.ready_since(channel) is not None
 
     def ready_since(self, channel: bytes) -> float | None:
         """Since when ``channel`` is confirmed without interruption, or None."""
@@ -150,9 +102,8 @@ class PubSubHub:
         """Be subscribed to ``channel`` (shared with other local waiters) until :meth:`leave`.
 
         Returns once the server confirmed it, or after ``op_timeout`` (the connection is
-        down: the waiter polls).  The subscription lingers ``linger`` seconds after its last
-        waiter left: a task that waits again at once pays no SUBSCRIBE round trip.  If this
-        raises (a cancellation), it left already.
+        down: the waiter polls).  It lingers ``linger`` seconds after its last waiter left (a
+        task that waits again pays no SUBSCRIBE round trip).  If this raises, it left already.
         """
         state = self._channels.get(channel)
         if state is None:
@@ -250,11 +201,28 @@ class PubSubHub:
         self.connected.set()
         if reconnect and self._on_reconnect is not None:
             self._on_reconnect()  # (a restart or failover: the command links, too)
-        silence = _Silence(pipe, self.ping_interval, self.op_timeout)
+        # (ping_interval after the last thing read, a PING; nothing for op_timeout: give up)
+        sent: float | None = None  # when the unanswered PING went
+
+        def due(now: float) -> float | None:
+            nonlocal sent
+            if sent is not None:
+                if pipe.last < sent:
+                    pipe.close(NodeConnectionError(f"no answer to PING within {self.op_timeout} s"))
+                    return None
+                sent = None
+            if pipe.last + self.ping_interval > now:
+                return pipe.last + self.ping_interval
+            pipe.send(pack(b"PING"), ())
+            sent = now
+            return now + self.op_timeout
+
+        silence = Timer(due)
+        silence.at(monotonic() + self.ping_interval)
         try:
             raise await asyncio.shield(pipe.lost)
         finally:
-            silence.timer.cancel()
+            silence.cancel()
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:

@@ -246,11 +246,7 @@ class Votes(Gather):
             elif reply == 0:
                 self.no += 1
         else:  # an acquire
-            if type(reply) is not int:
-                # An older table answer (see acquire_reply), an error or no connection.
-                ok = not isinstance(reply, BaseException) and acquire_reply(reply)[0]
-                reply = acquire_reply(reply)[1] if ok else 0
-            if reply < 1:
+            if type(reply) is not int or reply < 1:  # (busy, an error or no connection)
                 self.no += 1
             else:
                 first = self.first
@@ -308,17 +304,6 @@ class Expiries:
                 waiter.set_result(None)
             entries.popleft()
         return None
-
-
-def acquire_reply(reply: Any) -> tuple[bool, int]:
-    """The ACQUIRE script's answer: ``(True, token)`` or ``(False, ms left on the holder's
-    lease, -1 when unknown)``; the older ``{1, token}`` / ``{0, pttl}`` tables are read too."""
-    if isinstance(reply, list):
-        return reply[0] == 1, int(reply[1])
-    value = int(reply)
-    if value >= 1:
-        return True, value
-    return False, -1 - value if value < 0 else -1
 
 
 def answered(replies: Sequence[Any]) -> int:

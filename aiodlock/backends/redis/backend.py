@@ -2,7 +2,7 @@
 
 Every call is ONE round trip on a pipelined :class:`~._wire.Link` (a NOSCRIPT answer costs
 a second one, sent by the pipe itself), bounded by ``op_timeout`` through the link's own
-timer; which link is the deployment's business (:class:`~._node.Links`).
+timer; which link is the deployment's business (:data:`~._deployments.Links`).
 """
 
 from __future__ import annotations
@@ -17,24 +17,21 @@ import anyio
 from ..._errors import BackendError
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
-from .._base import Backend
-from ._deployments import Settings, connect_deployment, parse_settings
+from ._deployments import Links, Settings, connect_deployment, parse_settings
 from ._node import (
     TRANSIENT_REPLIES,
     GrantData,
-    Links,
+    KeyedBackend,
     ServerLinks,
     TransientReply,
     abandon_call,
-    acquire_call,
     force_release_call,
     ms,
-    release_calls,
     status_call,
     transfer_template,
 )
 from ._pubsub import Listening, PubSubHub
-from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo, key_table
+from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo
 from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
 
 if TYPE_CHECKING:
@@ -44,7 +41,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class RedisBackend(Backend):
+class RedisBackend(KeyedBackend[Settings]):
     """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
 
     ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
@@ -62,12 +59,10 @@ class RedisBackend(Backend):
     )
 
     def __init__(self, settings: Settings, config: CommonConfig) -> None:
-        self.settings = settings
-        self.config = config
+        super().__init__(settings, config)
         #: How long a place in line (a fair or urgent waiter's) is kept without a new
         #: attempt: as long as a lease (the waiter asks again every third of it).
         self._lease_waiter_ms = ms(config.watchdog_ttl)
-        self._keys = key_table(config.namespace)
         self._closing: Callable[[], None] = lambda: None
         self._links: Links | None = None
         self._hub: PubSubHub | None = None
@@ -77,11 +72,6 @@ class RedisBackend(Backend):
         self._secrets = tuple(s for s in secrets if s)
         self.sync_replicas = settings.sync_replicas
         self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
-        #: The hot calls, packed once (an owner's attempts and releases repeat them).
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
         self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
             transfer_template
         )
@@ -96,7 +86,8 @@ class RedisBackend(Backend):
     @property
     def links(self) -> Links:
         """Where the deployment's commands go (after :meth:`open`)."""
-        return _opened(self._links)
+        links = self._links
+        return _opened(links) if links is None else links
 
     @property
     def link(self) -> Link | None:
@@ -160,10 +151,6 @@ class RedisBackend(Backend):
         return self._finish(self._start(call), call.script.name)
 
     # -- the protocol ----------------------------------------------------------------------
-
-    def keys_for(self, name: str) -> LockKeys:
-        """The keys and channels of lock ``name`` in this backend's namespace."""
-        return self._keys(name)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
-from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import abandon_call, acquire_call, force_release_call, ms, release_calls, status_call
+from ._node import KeyedBackend, abandon_call, force_release_call, ms, status_call
 from ._pubsub import Listening, PubSubHub
-from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
-from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys, Memo, key_table
-from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, hello, pack
+from ._quorum import Node, Outcome, Quorum, Votes, answered
+from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
+from ._wire import Address, Link, OnReply, ScriptCall, hello, pack
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -61,7 +60,7 @@ class GrantData:
     ballot: Votes
 
 
-class RedlockBackend(Backend):
+class RedlockBackend(KeyedBackend[RedlockSettings]):
     """Redlock: a lock is held when a majority of N independent Redis masters granted it."""
 
     backend_name = "redlock"
@@ -69,8 +68,7 @@ class RedlockBackend(Backend):
     capabilities = Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS
 
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
-        self.settings = settings
-        self.config = config
+        super().__init__(settings, config)
         self.quorum = len(settings.hosts) // 2 + 1
         self._nodes: list[Node] = []
         #: Per node, from when its votes count; None while every node counts (rejoin_delay)
@@ -83,13 +81,6 @@ class RedlockBackend(Backend):
         self.secrets = tuple(p for p in every if p)
         self._patience = self.node_timeout(config.watchdog_ttl)
         self.fan = Quorum(self.quorum, self.secrets)
-        self._keys = key_table(config.namespace)
-        #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
-        #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -194,10 +185,6 @@ class RedlockBackend(Backend):
         for node in nodes:
             await node.hub.aclose()
 
-    def keys_for(self, name: str) -> LockKeys:
-        """The keys and channels of lock ``name`` (the same on every node)."""
-        return self._keys(name)
-
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         keys = self.keys_for(request.name)
         nodes = self.nodes
@@ -234,11 +221,9 @@ class RedlockBackend(Backend):
                 failed += 1
                 if not isinstance(outcome, TimeoutError):
                     broken += 1
-            else:
-                granted, value = acquire_reply(outcome)
-                if not granted:
-                    busy_nodes.add(node.index)
-                    busy_pttls.append(value)
+            elif outcome < 1:  # (-1 - ms left on the holder's lease, or 0: no expiry)
+                busy_nodes.add(node.index)
+                busy_pttls.append(-1 - outcome)
         # Not held: undo it wherever it may have been set (every node that did not say no).
         # NOTE: on each node the undo runs after the attempt (same connection, in order),
         # even where the attempt's answer is still on its way.
