@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ..._types import monotonic
-from ._node import eval_wait
 from ._wire import (
     Address,
     Link,
@@ -49,8 +48,7 @@ class ClusterLinks:
     REFRESH: Final = 0.25
 
     def __init__(self, seeds: Sequence[Address], make_link: Callable[[Address, str], Link]) -> None:
-        self._seeds = list(seeds)
-        self._make_link = make_link
+        self._seeds, self._make_link = list(seeds), make_link
         self._tls = seeds[0].tls if seeds else None
         self._slots: list[Address | None] = [None] * SLOTS
         self._links: dict[tuple[Address, str], Link] = {}
@@ -59,7 +57,6 @@ class ClusterLinks:
         self._round = itertools.count()
 
     def address_of(self, key: bytes) -> Address | None:
-        """The master that serves ``key``'s slot, as far as known."""
         return self._slots[key_slot(key)]
 
     def link_to(self, address: Address, label: str = "redis") -> Link:
@@ -115,7 +112,6 @@ class ClusterLinks:
         return masters[turn % len(masters)]
 
     def masters(self) -> list[Address]:
-        """The masters of the slot map, in slot order."""
         return [a for a in dict.fromkeys(self._slots) if a is not None]
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
@@ -156,7 +152,6 @@ class ClusterLinks:
         deliver(reply)
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
-        """One write per master."""
         if not calls:
             deliver([])
             return
@@ -195,7 +190,7 @@ class ClusterLinks:
                 self.reset()
             deliver(result)
 
-        eval_wait(link, call, wait, done)
+        link.eval_wait(call, wait, done)
 
     async def ping(self) -> None:
         await self.refresh()
@@ -213,4 +208,4 @@ class ClusterLinks:
 
 
 def _ignore(reply: Any) -> None:
-    """The answer to ASKING."""
+    pass  # (the answer to ASKING)

@@ -19,17 +19,14 @@ from ..._errors import ConfigurationError
 from ..._types import CommonConfig
 from ..._url import ParsedURL, take_bool, take_float, take_int, take_str
 from ._cluster import ClusterLinks
-from ._node import ServerLinks
 from ._scripts import ALL_SCRIPTS
-from ._wire import Address, Link, NodeConnectionError, Target, hello, pack
+from ._wire import Address, Link, NodeConnectionError, OnReply, ScriptCall, Target, hello, pack
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
 SSL_CERT_REQS = ("required", "optional", "none")
 SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
-#: Where a deployment's commands go.
-Links: TypeAlias = ServerLinks | ClusterLinks
 Mode = Literal["server", "unix", "sentinel", "cluster"]
 _MODES: dict[str, Mode] = {"sentinel": "sentinel", "cluster": "cluster"}
 
@@ -59,7 +56,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
     scheme, path = url.scheme, url.path
     base, _, variant = scheme.partition("+")
     client = options.pop("client", None)
-    found = None if client is None else _client_settings(client)
     s = Settings(
         mode="unix" if base == "unix" else _MODES.get(variant, "server"),
         tls=base == "rediss",
@@ -89,7 +85,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
             f"TLS options ({', '.join(sorted(s.ssl))}) need a rediss:// URL, not {scheme}://"
         )
     db_option = take_int(options, "db", -1, minimum=0)
-    if found is not None:
+    if client is not None:
         if url.hosts or path not in ("", "/") or url.password is not None:
             raise ConfigurationError(
                 "with option 'client', the URL must not name a server "
@@ -99,17 +95,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
             raise ConfigurationError(
                 f"option 'client' takes 'redis://' or 'redis+cluster://', not {scheme}://"
             )
-        if (s.mode == "cluster") != found["cluster"]:
-            raise ConfigurationError(
-                "option 'client': use 'redis+cluster://' with a RedisCluster client and "
-                "'redis://' with a Redis client"
-            )
-        s.hosts, s.socket_path, s.db = found["hosts"], found["path"], found["db"]
-        s.mode = "unix" if s.socket_path is not None else s.mode
-        s.tls, s.ssl = found["tls"], s.ssl or found["ssl"]
-        s.username = s.username or found["username"]
-        s.password = s.password or found["password"]
-        s.client_name = s.client_name or found["client_name"]
+        _use_client(s, client)
     elif s.mode == "unix":
         if url.hosts or not path or path == "/":
             raise ConfigurationError(
@@ -201,48 +187,85 @@ def take_ssl_options(options: dict[str, Any]) -> dict[str, Any]:
     return ssl
 
 
-def _client_settings(client: Any) -> dict[str, Any]:
-    """Where a redis-py client (``client=``) connects, read through its public attributes.
-
-    The client itself is not used: aiodlock speaks over its own connections.
-    """
+def _use_client(s: Settings, client: Any) -> None:
+    """Connect where a redis-py client (``client=``) does, read through its public
+    attributes (the client itself is not used: aiodlock speaks over its own connections)."""
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
 
     if isinstance(client, RedisCluster):
-        nodes = client.nodes_manager.startup_nodes.values()
         kwargs = client.nodes_manager.connection_kwargs
-        hosts = tuple((node.host, int(node.port)) for node in nodes)
-        path = None
+        nodes = client.nodes_manager.startup_nodes.values()
+        s.hosts = tuple((node.host, int(node.port)) for node in nodes)
     elif isinstance(client, aioredis.Redis):
         kwargs = client.connection_pool.connection_kwargs
-        path = kwargs.get("path")
-        hosts = () if path else ((kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))),)
+        s.socket_path = path = kwargs.get("path")
+        s.hosts = (
+            () if path else ((kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))),)
+        )
     else:
         raise ConfigurationError(
             "option 'client' must be a redis.asyncio.Redis or "
             f"redis.asyncio.cluster.RedisCluster, not {type(client).__name__}"
         )
-    ssl_options = {name: kwargs[name] for name in SSL_FILES if kwargs.get(name)}
-    tls = "ssl_cert_reqs" in kwargs or bool(kwargs.get("ssl"))
-    if tls:
-        reqs = kwargs.get("ssl_cert_reqs", "required")
-        names = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional"}
-        ssl_options["ssl_cert_reqs"] = names.get(
-            reqs, reqs if isinstance(reqs, str) else "required"
+    if (s.mode == "cluster") != isinstance(client, RedisCluster):
+        raise ConfigurationError(
+            "option 'client': use 'redis+cluster://' with a RedisCluster client and "
+            "'redis://' with a Redis client"
         )
-        ssl_options["ssl_check_hostname"] = bool(kwargs.get("ssl_check_hostname", True))
-    return {
-        "cluster": isinstance(client, RedisCluster),
-        "hosts": hosts,
-        "path": path,
-        "db": int(kwargs.get("db") or 0),
-        "username": kwargs.get("username"),
-        "password": kwargs.get("password"),
-        "client_name": kwargs.get("client_name"),
-        "tls": tls,
-        "ssl": ssl_options,
-    }
+    s.mode = "unix" if s.socket_path is not None else s.mode
+    s.db = int(kwargs.get("db") or 0)
+    s.username = s.username or kwargs.get("username")
+    s.password = s.password or kwargs.get("password")
+    s.client_name = s.client_name or kwargs.get("client_name")
+    s.tls = "ssl_cert_reqs" in kwargs or bool(kwargs.get("ssl"))
+    if not s.ssl:
+        s.ssl = {name: kwargs[name] for name in SSL_FILES if kwargs.get(name)}
+        if s.tls:
+            reqs = kwargs.get("ssl_cert_reqs", "required")
+            names = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional"}
+            s.ssl["ssl_cert_reqs"] = names.get(reqs, reqs if isinstance(reqs, str) else "required")
+            s.ssl["ssl_check_hostname"] = bool(kwargs.get("ssl_check_hostname", True))
+
+
+class ServerLinks:
+    """Where a deployment's commands go (each method sends at once, nothing is awaited), on
+    one server (plain, Unix socket, TLS, or the master a Sentinel names): ONE link for every
+    command, and one more, made on first use, for grants that ``WAIT`` (it blocks its
+    connection).  ``eval_many`` makes one write per server; ``reset`` drops idle connections
+    (the server may have changed: a failover, a READONLY answer)."""
+
+    def __init__(self, link: Link, make_wait_link: Any = None) -> None:
+        self.link = link
+        self._make_wait_link = make_wait_link
+        self._wait_link: Link | None = None
+        # NOTE: the link's own methods, not wrappers: the hot path pays no extra call.
+        self.eval = link.eval
+        self.eval_many = link.eval_many
+
+    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
+        if self._wait_link is None:
+            self._wait_link = self._make_wait_link()
+        self._wait_link.eval_wait(call, wait, deliver)
+
+    async def ping(self) -> None:
+        reply = await self.link.call(pack(b"PING"))
+        if isinstance(reply, BaseException):
+            raise reply
+
+    def reset(self) -> None:
+        for link in (self.link, self._wait_link):
+            if link is not None and link.idle():
+                link.drop(ConnectionError("the server may have changed"))
+
+    def close(self) -> None:
+        self.link.close()
+        if self._wait_link is not None:
+            self._wait_link.close()
+
+
+#: Where a deployment's commands go.
+Links: TypeAlias = ServerLinks | ClusterLinks
 
 
 class SentinelMaster:

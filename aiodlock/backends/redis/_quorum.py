@@ -1,7 +1,6 @@
 """Redlock's quorum: one node's connection and standing, the fan-out, the counting of votes.
 
-A fan-out sends one request to every node at once (one write per node on its pipelined
-:class:`~._wire.Link`, one wake-up of the caller) and ends when every node answered, when
+A fan-out sends one request to every node at once and ends when every node answered, when
 it is decided, or when its time is up; a node that has not answered then counts as a
 :class:`~aiodlock.BackendTimeout` (its reply is read and dropped when it comes).
 """
@@ -35,9 +34,7 @@ class Node:
     __slots__ = ("_silent", "address", "counts_after", "hub", "index", "label", "link", "secrets")
 
     def __init__(self, index: int, address: str, secrets: tuple[str, ...]) -> None:
-        self.index = index
-        self.address = address
-        self.secrets = secrets
+        self.index, self.address, self.secrets = index, address, secrets
         self.label = f"redlock node {address}"
         #: Monotonic time from which this node's votes count (``rejoin_delay``).
         self.counts_after = -math.inf
@@ -84,12 +81,9 @@ class Quorum:
         patience: float | None = None,
         decided: Callable[[list[Any]], bool] | None = None,
     ) -> list[Outcome]:
-        """Send ``request`` to every node; one :data:`Outcome` each.
-
-        Waits until every node answered, at most ``timeout``; with ``patience``, that long
-        for all of them, then only until ``decided(replies)`` (the replies so far: a reply,
-        an exception or ``NO_ANSWER``).
-        """
+        """Send ``request`` to every node; one :data:`Outcome` each.  Waits until every node
+        answered, at most ``timeout``; with ``patience``, that long for all of them, then
+        only until ``decided(replies so far)``."""
         gather = Gather(len(nodes), decided)
         self.start(nodes, request, gather)
         await self.finish(gather, timeout=timeout, patience=patience)
@@ -101,11 +95,8 @@ class Quorum:
         request: ScriptCall | list[ScriptCall] | Callable[[Node, OnReply], None],
         gather: Gather,
     ) -> None:
-        """The sending half: node ``i`` answers to ``gather.deliver(i, reply)``.
-
-        ``request``: one script call for every node, one per node, or ``request(node,
-        deliver)`` sending whatever it likes.
-        """
+        """The sending half: one script call for every node, one per node, or
+        ``request(node, deliver)``; node ``i`` answers to ``gather.deliver(i, reply)``."""
         deliver = gather.deliver
         for index, node in enumerate(nodes):
             if type(request) is ScriptCall:
@@ -208,7 +199,7 @@ class Votes(Gather):
     lose their specialization (measured at +5% instructions per Redlock cycle).
     """
 
-    __slots__ = ("after", "first", "mixed", "need", "no", "spare", "tokens", "yes")
+    __slots__ = ("after", "need", "no", "spare", "tokens", "yes")
 
     def __init__(
         self, n: int, need: int, *, acquire: bool, after: Sequence[float] | None = None
@@ -226,9 +217,6 @@ class Votes(Gather):
         self.after = after
         #: An acquire's tokens by node (None for a release).
         self.tokens: dict[int, int] | None = {} if acquire else None
-        #: The first token granted; did the nodes grant different tokens?
-        self.first: int | None = None
-        self.mixed = False
 
     def enough(self) -> bool:
         return self.armed and (self.yes >= self.need or self.no > self.spare)
@@ -249,11 +237,6 @@ class Votes(Gather):
             if type(reply) is not int or reply < 1:  # (busy, an error or no connection)
                 self.no += 1
             else:
-                first = self.first
-                if first is None:
-                    self.first = reply
-                elif reply != first:
-                    self.mixed = True
                 tokens[index] = reply
                 after = self.after
                 if after is None or after[index] <= monotonic():

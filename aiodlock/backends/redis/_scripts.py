@@ -183,9 +183,7 @@ ACQUIRE = _script(
 --   lapses); 0: held with no expiry.  (An integer, not a table: cheaper for the server.)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local head, now = others_first(KEYS[3], KEYS[4], '!' .. ARGV[1])
-  if head then
-    return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
-  end
+  if head then return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now) end
   local token = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[1], token)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -239,9 +237,7 @@ local function consider(ms)
   if ms >= 0 and (retry < 0 or ms < retry) then retry = ms end
 end
 if not free then consider(redis.call('PTTL', KEYS[1])) end
-if head and head ~= member then
-  consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
-end
+if head and head ~= member then consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now) end
 if ARGV[4] == '1' then
   local waiter_ms = tonumber(ARGV[3])
   -- (a new member joins the end of the line; a queued one keeps its place, a new deadline)
@@ -283,9 +279,7 @@ RELEASE = _script(
 -- ARGV[4] prefix of the waiters' own channels
 -- returns 1 released, 0 not held by this owner (expired, taken over or force-released)
 local token = redis.call('HGET', KEYS[1], ARGV[1])
-if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
-  return 0
-end
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
 notify(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
 return 1
@@ -303,9 +297,7 @@ RELEASE_TRANSFER = _script(
 -- returns the receiver's NEW token (>= 1); 0 not held by ARGV[1] (nothing changed);
 --   -1 released, but the first in line is not ARGV[3]: it was called as by RELEASE
 local token = redis.call('HGET', KEYS[1], ARGV[1])
-if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
-  return 0
-end
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
 local head = others_first(KEYS[3], KEYS[4], '!' .. ARGV[3])
 if head then
@@ -329,9 +321,7 @@ ABANDON = _script(
 -- ARGV[1] owner   ARGV[2] the name's channel   ARGV[3] waiters' channel prefix
 -- returns 1 if the owner held the lock (now deleted), else 0
 local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
-if held then
-  redis.call('DEL', KEYS[1])
-end
+if held then redis.call('DEL', KEYS[1]) end
 local was_head = false
 for _, member in ipairs({ARGV[1], '!' .. ARGV[1]}) do
   if redis.call('ZREM', KEYS[3], member) == 1 then
@@ -355,9 +345,7 @@ FORCE_RELEASE = _script(
 -- KEYS[1] lock hash   KEYS[2] queue   KEYS[3] deadlines
 -- ARGV[1] the name's channel   ARGV[2] waiters' channel prefix
 -- returns 1 if a lock was deleted, else 0
-if redis.call('DEL', KEYS[1]) == 0 then
-  return 0
-end
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 notify(KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 return 1
 """,
@@ -372,9 +360,7 @@ STATUS = _script(
 -- returns {} when free, else {owner, token, pttl, waiters}; waiters: live places in line,
 --   -1 when the name has no line
 local pairs_ = redis.call('HGETALL', KEYS[1])
-if #pairs_ < 2 then
-  return {}
-end
+if #pairs_ < 2 then return {} end
 local waiters = -1
 if redis.call('EXISTS', KEYS[2]) == 1 then
   waiters = redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf')

@@ -27,6 +27,7 @@ from ..._wakeup import Timer
 from ._scripts import Memo, Script
 
 log = logging.getLogger("aiodlock")
+_EARLY: Final = object()
 
 
 class ReplyError(Exception):
@@ -37,7 +38,6 @@ class NodeConnectionError(ConnectionError):
     """The connection to a server broke (or could not be made)."""
 
 
-#: What a failed request leaves in a callback (besides :class:`BackendTimeout`).
 WIRE_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
 
 
@@ -48,7 +48,7 @@ def wire_error(
     secrets: tuple[str, ...] = (),
     transient: tuple[type[BaseException], ...] = (),
 ) -> BaseException:
-    """``exc``, a failed request's outcome, as the one translation maps it."""
+    """``exc``, a failed request's outcome (a callback's error), as aiodlock reports it."""
     try:
         with translating(label, WIRE_ERRORS, what=what, secrets=secrets, transient=transient):
             raise exc
@@ -58,9 +58,7 @@ def wire_error(
 
 #: A request's callback: it gets the decoded reply or one of the errors above.
 OnReply = Callable[[Any], None]
-
 Arg = bytes | str | int
-
 #: Per command of a write, the script it runs by EVALSHA (sent again with its source after
 #: a NOSCRIPT answer) or None; None for all of them.
 Calls = Sequence["ScriptCall | None"] | None
@@ -68,12 +66,10 @@ Calls = Sequence["ScriptCall | None"] | None
 
 def _bulk(arg: Arg) -> bytes:
     data: bytes
-    if type(arg) is bytes:
+    if isinstance(arg, bytes):
         data = arg
     elif isinstance(arg, str):
         data = arg.encode("utf-8", "surrogatepass")
-    elif isinstance(arg, bytes):
-        data = bytes(arg)
     else:
         data = b"%d" % arg
     return b"$%d\r\n%b\r\n" % (len(data), data)
@@ -85,14 +81,13 @@ def pack(*args: Arg) -> bytes:
 
 
 def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
-    """``EVALSHA sha numkeys keys...`` of a command with ``nargs`` arguments after them."""
+    """``EVALSHA sha numkeys keys...`` of a call with ``nargs`` arguments after them."""
     sha, nargs, keys = index
     head: tuple[Arg, ...] = (b"EVALSHA", sha, len(keys), *keys)
     return b"*%d\r\n" % (len(head) + nargs) + b"".join([_bulk(arg) for arg in head])
 
 
-#: The part before the args of recent (script, keys) pairs: a lock's calls repeat it.
-_HEADS: Final = Memo(_eval_head)
+_HEADS: Final = Memo(_eval_head)  # (a lock's calls repeat theirs)
 
 
 class ScriptCall:
@@ -112,7 +107,6 @@ class ScriptCall:
         )
 
     def with_source(self) -> bytes:
-        """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
         return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
 
 
@@ -135,7 +129,6 @@ class CallTemplate:
         self._tail = b"".join(map(_bulk, args[slot + 1 :]))
 
     def fill(self, value: Arg) -> ScriptCall:
-        """The call with ``value`` as argument number ``slot``."""
         args = (*self.args[: self.slot], value, *self.args[self.slot + 1 :])
         return ScriptCall(self.script, self.keys, args, self._head + _bulk(value) + self._tail)
 
@@ -185,13 +178,11 @@ class Pipe(asyncio.Protocol):
         self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
-        #: Per unanswered request, oldest first: its callback, its script (or None) and
-        #: when it was sent.
+        #: Per unanswered request, oldest first: its callback, its script and when it went.
         self._waiting: collections.deque[tuple[OnReply, ScriptCall | None, float]] = (
             collections.deque()
         )
-        #: Why the connection is unusable, once it is.
-        self.broken: BaseException | None = None
+        self.broken: BaseException | None = None  # why the connection is unusable
         self.last = monotonic()
         self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
@@ -231,7 +222,6 @@ class Pipe(asyncio.Protocol):
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
 
     def _due(self, now: float) -> float | None:
-        """The timer: give up when the oldest request waited ``op_timeout``."""
         oldest = self.oldest()
         if oldest is None or self.broken is not None or self.op_timeout is None:
             return None
@@ -288,14 +278,13 @@ class Pipe(asyncio.Protocol):
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
-        """When the oldest unanswered request was sent."""
         return self._waiting[0][2] if self._waiting else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
-    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``; ``tls``
-    makes the SSL context (when connecting: a missing certificate fails the connection)."""
+    """``host`` and ``port``, or a Unix socket ``path``; ``tls`` makes the SSL context (when
+    connecting: a missing certificate fails the connection)."""
 
     host: str = "localhost"
     port: int = 6379
@@ -412,7 +401,6 @@ class Link:
         return await asyncio.shield(self._connection())
 
     def _connection(self) -> asyncio.Task[Pipe]:
-        """The connection attempt under way (started now if none is)."""
         task = self._connecting
         if task is None:
             task = self._connecting = asyncio.get_running_loop().create_task(
@@ -499,8 +487,33 @@ class Link:
         else:
             deliver([])
 
+    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
+        """``call`` and ``wait`` (a WAIT) in one write: ``deliver`` gets ``[reply, acks]``.
+
+        NOTE: after a NOSCRIPT answer the pipe sends the script again behind the WAIT, which
+        then measured nothing of it: the WAIT is sent again once the script answered.
+        """
+        got: list[Any] = []  # the script's answer, or _EARLY when the WAIT's came first
+
+        def script(reply: Any) -> None:
+            if not got:
+                got.append(reply)
+            elif isinstance(reply, BaseException):
+                deliver(reply)
+            else:
+                got[0] = reply
+                self.send(wait, [waited])
+
+        def waited(reply: Any) -> None:
+            if not got:
+                got.append(_EARLY)
+            else:
+                first = got[0]
+                deliver(first if isinstance(first, BaseException) else [first, reply])
+
+        self.send(call.data + wait, [script, waited], [call, None])
+
     def idle(self) -> bool:
-        """No request is waiting for an answer on the current connection."""
         pipe = self.pipe
         return pipe is None or pipe.oldest() is None
 

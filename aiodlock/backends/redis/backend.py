@@ -9,29 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 import anyio
 
 from ..._errors import BackendError
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
-from ._deployments import Links, Settings, connect_deployment, parse_settings
-from ._node import (
-    TRANSIENT_REPLIES,
-    GrantData,
-    KeyedBackend,
-    ServerLinks,
-    TransientReply,
-    abandon_call,
-    force_release_call,
-    ms,
-    status_call,
-    transfer_template,
-)
+from .._base import Backend
+from ._deployments import Links, ServerLinks, Settings, connect_deployment, parse_settings
 from ._pubsub import Listening, PubSubHub
-from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo
+from ._scripts import (
+    ABANDON,
+    ACQUIRE,
+    ACQUIRE_FAIR,
+    FORCE_RELEASE,
+    RELEASE,
+    RELEASE_TRANSFER,
+    RENEW,
+    STATUS,
+    LockKeys,
+    Memo,
+    key_table,
+)
 from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
 
 if TYPE_CHECKING:
@@ -39,6 +41,46 @@ if TYPE_CHECKING:
     from ..._url import ParsedURL
 
 T = TypeVar("T")
+S = TypeVar("S")
+
+
+#: Error replies that time cures: a server loading its data after a restart, read-only or
+#: down while a failover runs, a Cluster slot moving (marked transient when translated).
+TRANSIENT_REPLIES: Final = ("LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+
+
+class TransientReply(ReplyError):
+    pass
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000 + 0.5))
+
+
+@dataclasses.dataclass(slots=True)
+class GrantData:
+    """What a grant needs to be renewed and released."""
+
+    keys: LockKeys
+    token: str
+
+
+class KeyedBackend(Backend, Generic[S]):
+    """What both Redis backends share: their settings, keys, and the hot calls packed once
+    (an owner's attempts and releases repeat them)."""
+
+    def __init__(self, settings: S, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._keys = key_table(config.namespace)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
+            release_calls
+        )
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` in this backend's namespace."""
+        return self._keys(name)
 
 
 class RedisBackend(KeyedBackend[Settings]):
@@ -288,3 +330,45 @@ def _data(grant: Grant) -> GrantData:
     if not isinstance(data, GrantData):
         raise TypeError(f"not a redis grant: {grant!r}")
     return data
+
+
+def transfer_template(index: tuple[LockKeys, str, str, int]) -> CallTemplate:
+    """The RELEASE_TRANSFER call of ``(keys, releasing owner, receiving owner, lease ms)``,
+    packed but for the releaser's token (argument 1): memoize it, fill in the token per
+    hand-off."""
+    keys, owner, receiver, lease_ms = index
+    k = (keys.lock, keys.counter, keys.queue, keys.deadlines)
+    a = (owner, "", receiver, lease_ms, keys.channel, keys.waiter_prefix)
+    return CallTemplate(RELEASE_TRANSFER, k, a, 1)
+
+
+def acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
+    """The (non-fair) ACQUIRE call of ``(keys, owner, lease ms)``, packed once: an owner's
+    attempts repeat it (memoize it)."""
+    keys, owner, lease_ms = index
+    return ScriptCall(
+        ACQUIRE, (keys.lock, keys.counter, keys.queue, keys.deadlines), (owner, lease_ms)
+    )
+
+
+def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
+    """The RELEASE call of ``(keys, owner)`` packed but for the token, and with the token
+    '' (any token of this owner): memoize it, fill in the token per release."""
+    keys, owner = index
+    k = (keys.lock, keys.queue, keys.deadlines)
+    template = CallTemplate(RELEASE, k, (owner, "", keys.channel, keys.waiter_prefix), 1)
+    return template, template.fill("")
+
+
+def abandon_call(keys: LockKeys, owner: str) -> ScriptCall:
+    k = (keys.lock, keys.queue, keys.deadlines)
+    return ScriptCall(ABANDON, k, (owner, keys.channel, keys.waiter_prefix))
+
+
+def force_release_call(keys: LockKeys) -> ScriptCall:
+    k = (keys.lock, keys.queue, keys.deadlines)
+    return ScriptCall(FORCE_RELEASE, k, (keys.channel, keys.waiter_prefix))
+
+
+def status_call(keys: LockKeys) -> ScriptCall:
+    return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())

@@ -1,17 +1,12 @@
 """``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
 
-Each master keeps the data and runs the scripts of a plain ``redis://`` lock; this module
-adds the quorum.  An attempt asks every node at once (each answer awaited at most
-``node_timeout``): the lock is held when a majority said yes within the ttl, valid until
-``start + ttl - drift`` (``drift = ttl * drift_factor + 2 ms``); otherwise it is undone on
-every node that did not say no, and a split vote pauses the owner for a random time of at
-most ``retry_delay``.  The fencing token is the largest of the granting nodes' counters
-(the lagging ones are raised to it on a majority first).  With ``rejoin_delay``, a node
-that lost its data counts only that long after it was first seen empty.  Every node is one
-pipelined :class:`~._wire.Link` (an attempt's clean-up never overtakes it) and one
-:class:`~._pubsub.PubSubHub`; the local turns of this process's tasks are the core's.
-
-See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
+Each master keeps the data and runs the scripts of a plain ``redis://`` lock.  An attempt
+asks every node at once (each answer awaited at most ``node_timeout``): the lock is held
+when a majority said yes within the ttl, valid until ``start + ttl - drift``; otherwise it
+is undone on every node that did not say no, and a split vote pauses the owner for a random
+time of at most ``retry_delay``.  The fencing token is the largest of the granting nodes'
+counters (the lagging ones are raised to it on a majority first).  See
+``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
 
 from __future__ import annotations
@@ -28,11 +23,11 @@ from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import KeyedBackend, abandon_call, force_release_call, ms, status_call
 from ._pubsub import Listening, PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
 from ._wire import Address, Link, OnReply, ScriptCall, hello, pack
+from .backend import KeyedBackend, abandon_call, force_release_call, ms, status_call
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -52,12 +47,10 @@ DRIFT_FLOOR: Final = 0.002
 @dataclasses.dataclass(slots=True)
 class GrantData:
     keys: LockKeys
-    #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
+    #: node index -> the token that node granted: the acquire's ballot's, which a node that
+    #: grants after the vote still joins (its release and renewals then send that token)
     tokens: dict[int, int]
-    #: the lease's token (the largest of them)
-    token: int
-    #: the acquire's ballot (its replies still come in after the grant)
-    ballot: Votes
+    token: int  # the lease's token (the largest of them)
 
 
 class RedlockBackend(KeyedBackend[RedlockSettings]):
@@ -186,12 +179,9 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             await node.hub.aclose()
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        keys = self.keys_for(request.name)
-        nodes = self.nodes
-        owner = request.owner
-        ttl = request.ttl
+        keys, nodes, quorum = self.keys_for(request.name), self.nodes, self.quorum
+        owner, ttl = request.owner, request.ttl
         timeout = self.node_timeout(ttl)
-        quorum = self.quorum
         started = monotonic()
         ballot = Votes(len(nodes), quorum, acquire=True, after=self._after)
         # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
@@ -207,15 +197,12 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
                 keys, tokens, token, timeout
             )
             if level and monotonic() - started + drift < ttl:
-                # NOTE: the ballot's own tokens: a node that grants after the vote adds its
-                # token there, and the release and renewals then send it that token.
-                data = GrantData(keys, tokens, token, ballot)
+                data = GrantData(keys, tokens, token)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
         busy_nodes: set[int] = set()
-        failed = 0
-        broken = 0
+        failed = broken = 0
         for node, outcome in zip(nodes, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 failed += 1
@@ -257,20 +244,13 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
     async def _raise_counters(
         self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
     ) -> bool:
-        """Raise the lagging counters of the granting nodes to ``token``.
-
-        True when a majority of counted nodes is then at ``token`` or above, so every later
-        grant (whose majority shares a node with this one) gets a larger token.
-        """
+        """Raise the lagging counters of the granting nodes to ``token``: True when a majority
+        of counted nodes is then at ``token`` or above, so every later grant (whose majority
+        shares a node with this one) gets a larger token."""
         nodes = self.nodes
         lagging = [nodes[i] for i, t in tokens.items() if t < token]
         call = ScriptCall(RAISE_COUNTER, (keys.counter,), (token,))
-        outcomes = await self.fan(
-            lagging,
-            call,
-            what="raise the fencing counter",
-            timeout=timeout,
-        )
+        outcomes = await self.fan(lagging, call, what="raise the fencing counter", timeout=timeout)
         now = monotonic()
         level = sum(1 for i, t in tokens.items() if t >= token and nodes[i].counts(now))
         for node, outcome in zip(lagging, outcomes, strict=True):
@@ -306,11 +286,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
             return []
-        nodes = self.nodes
+        nodes, quorum, lease_ms = self.nodes, self.quorum, ms(ttl)
         data = [grant_data(g) for g in grants]
-        lease_ms = ms(ttl)
-        quorum = self.quorum
-        n = len(nodes)
 
         @functools.cache
         def call(i: int, token: int | str) -> ScriptCall:
@@ -320,16 +297,12 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             return [call(i, d.tokens.get(node.index, "")) for i, d in enumerate(data)]
 
         def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
-            yes = [0] * len(grants)
-            unknown = [0] * len(grants)
+            yes = unknown = [0] * len(grants)
             for node, outcome in zip(nodes, outcomes, strict=True):
                 if not isinstance(outcome, list):  # failed, or no answer (yet)
-                    for i in range(len(grants)):
-                        unknown[i] += 1
+                    unknown = [u + 1 for u in unknown]
                 elif node.counts(now):
-                    for i, ok in enumerate(outcome):
-                        if ok == 1:
-                            yes[i] += 1
+                    yes = [y + (ok == 1) for y, ok in zip(yes, outcome, strict=True)]
             return yes, unknown
 
         def decided(replies: list[Any]) -> bool:
@@ -354,7 +327,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         if undecided:
             raise BackendError(
                 f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
-                f"{quorum} of {n} nodes: {self.fan.errors(outcomes)}"
+                f"{quorum} of {len(nodes)} nodes: {self.fan.errors(outcomes)}"
             )
         return results
 
@@ -367,20 +340,13 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         if not nodes or not isinstance(d, GrantData):
             return self._release_failed(grant)
         template, anyone = self._release_calls((d.keys, grant.owner))
-        tokens = d.tokens
-        token = d.token
-        common = template.fill(token)
+        tokens, common = d.tokens, template.fill(d.token)
         request: ScriptCall | list[ScriptCall] = common
-        if len(tokens) < len(nodes) or d.ballot.mixed:
-            request = []
-            for index in range(len(nodes)):
-                mine = tokens.get(index)
-                if mine is None:
-                    request.append(anyone)  # (it may have granted after the vote: any token)
-                elif mine == token:
-                    request.append(common)
-                else:
-                    request.append(template.fill(mine))  # (a lagging counter, raised since)
+        if len(tokens) < len(nodes) or len(set(tokens.values())) > 1:
+            # (a node without a token may have granted after the vote: any token of ours;
+            # one whose counter lagged, raised since, has its own)
+            calls = {t: common if t == d.token else template.fill(t) for t in tokens.values()}
+            request = [calls[tokens[i]] if i in tokens else anyone for i in range(len(nodes))]
         tally = Votes(len(nodes), self.quorum, acquire=False)
         self.fan.start(nodes, request, tally)
         return self._finish_release(grant, tally)
