@@ -1,10 +1,6 @@
-"""How the Redis backend reaches its deployment: URL settings, TLS, Sentinel, Cluster.
+"""How the Redis backends reach their servers: URL settings, TLS, one server, Sentinel.
 
-Every deployment is spoken to over pipelined :class:`~._wire.Link` connections: one to a
-plain server, one to the master a Sentinel names (asked again for every new connection),
-one per Cluster master (the slot map read with ``CLUSTER SLOTS``, ``MOVED`` and ``ASK``
-answers followed).  redis-py is not used, but to read the settings of a ``client=`` the
-caller hands in (through its public attributes).
+redis-py is not used, but to read the settings of a ``client=`` the caller hands in.
 """
 
 from __future__ import annotations

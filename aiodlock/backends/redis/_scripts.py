@@ -50,8 +50,6 @@ def escape_name(name: str) -> bytes:
 class LockKeys:
     """Every key and channel of one lock name (bytes, ready to be sent)."""
 
-    __slots__ = ("channel", "counter", "deadlines", "lock", "name", "queue", "waiter_prefix")
-
     def __init__(self, namespace: str, name: str) -> None:
         self.name = name
         self.lock = base = namespace.encode() + b":{" + escape_name(name) + b"}"
@@ -60,6 +58,9 @@ class LockKeys:
         self.deadlines = base + b":deadlines"
         self.channel = base + b":released"
         self.waiter_prefix = base + b":released:"
+        #: The KEYS of the scripts that touch the line, and of those that may also grant.
+        self.line = (self.lock, self.queue, self.deadlines)
+        self.every = (self.lock, self.counter, self.queue, self.deadlines)
 
     def waiter_channel(self, owner: str) -> bytes:
         """The channel a fair waiter listens on for its own turn."""

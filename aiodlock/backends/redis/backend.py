@@ -73,7 +73,9 @@ class KeyedBackend(Backend, Generic[S]):
         self.settings = settings
         self.config = config
         self._keys = key_table(config.namespace)
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
+        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(
+            lambda index: ScriptCall(ACQUIRE, index[0].every, index[1:])
+        )
         self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
             release_calls
         )
@@ -81,6 +83,17 @@ class KeyedBackend(Backend, Generic[S]):
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` in this backend's namespace."""
         return self._keys(name)
+
+    def abandon_call(self, keys: LockKeys, owner: str) -> ScriptCall:
+        return ScriptCall(ABANDON, keys.line, (owner, keys.channel, keys.waiter_prefix))
+
+    def force_release_call(self, name: str) -> ScriptCall:
+        keys = self._keys(name)
+        return ScriptCall(FORCE_RELEASE, keys.line, (keys.channel, keys.waiter_prefix))
+
+    def status_call(self, name: str) -> ScriptCall:
+        keys = self._keys(name)
+        return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
 
 
 class RedisBackend(KeyedBackend[Settings]):
@@ -203,7 +216,7 @@ class RedisBackend(KeyedBackend[Settings]):
         if request.fair or urgent:
             call = ScriptCall(
                 ACQUIRE_FAIR,
-                (keys.lock, keys.counter, keys.queue, keys.deadlines),
+                keys.every,
                 (
                     owner,
                     ms(ttl),
@@ -296,10 +309,10 @@ class RedisBackend(KeyedBackend[Settings]):
         return value < 0
 
     async def abandon(self, request: Request) -> None:
-        await self._run(abandon_call(self.keys_for(request.name), request.owner))
+        await self._run(self.abandon_call(self.keys_for(request.name), request.owner))
 
     async def status(self, name: str) -> LockStatus | None:
-        reply = await self._run(status_call(self.keys_for(name)))
+        reply = await self._run(self.status_call(name))
         if not reply:
             return None
         owner, token, pttl, waiters = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
@@ -312,7 +325,7 @@ class RedisBackend(KeyedBackend[Settings]):
         )
 
     async def force_release(self, name: str) -> bool:
-        return bool(await self._run(force_release_call(self.keys_for(name))) == 1)
+        return bool(await self._run(self.force_release_call(name)) == 1)
 
 
 def _opened(thing: T | None) -> T:
@@ -333,42 +346,16 @@ def _data(grant: Grant) -> GrantData:
 
 
 def transfer_template(index: tuple[LockKeys, str, str, int]) -> CallTemplate:
-    """The RELEASE_TRANSFER call of ``(keys, releasing owner, receiving owner, lease ms)``,
-    packed but for the releaser's token (argument 1): memoize it, fill in the token per
-    hand-off."""
+    """RELEASE_TRANSFER of ``(keys, releasing owner, receiving owner, lease ms)``, packed
+    but for the releaser's token."""
     keys, owner, receiver, lease_ms = index
-    k = (keys.lock, keys.counter, keys.queue, keys.deadlines)
     a = (owner, "", receiver, lease_ms, keys.channel, keys.waiter_prefix)
-    return CallTemplate(RELEASE_TRANSFER, k, a, 1)
-
-
-def acquire_call(index: tuple[LockKeys, str, int]) -> ScriptCall:
-    """The (non-fair) ACQUIRE call of ``(keys, owner, lease ms)``, packed once: an owner's
-    attempts repeat it (memoize it)."""
-    keys, owner, lease_ms = index
-    return ScriptCall(
-        ACQUIRE, (keys.lock, keys.counter, keys.queue, keys.deadlines), (owner, lease_ms)
-    )
+    return CallTemplate(RELEASE_TRANSFER, keys.every, a, 1)
 
 
 def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
-    """The RELEASE call of ``(keys, owner)`` packed but for the token, and with the token
-    '' (any token of this owner): memoize it, fill in the token per release."""
+    """RELEASE of ``(keys, owner)`` packed but for the token, and with '' (any token)."""
     keys, owner = index
-    k = (keys.lock, keys.queue, keys.deadlines)
-    template = CallTemplate(RELEASE, k, (owner, "", keys.channel, keys.waiter_prefix), 1)
+    a = (owner, "", keys.channel, keys.waiter_prefix)
+    template = CallTemplate(RELEASE, keys.line, a, 1)
     return template, template.fill("")
-
-
-def abandon_call(keys: LockKeys, owner: str) -> ScriptCall:
-    k = (keys.lock, keys.queue, keys.deadlines)
-    return ScriptCall(ABANDON, k, (owner, keys.channel, keys.waiter_prefix))
-
-
-def force_release_call(keys: LockKeys) -> ScriptCall:
-    k = (keys.lock, keys.queue, keys.deadlines)
-    return ScriptCall(FORCE_RELEASE, k, (keys.channel, keys.waiter_prefix))
-
-
-def status_call(keys: LockKeys) -> ScriptCall:
-    return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())

@@ -27,7 +27,7 @@ from ._pubsub import Listening, PubSubHub
 from ._quorum import Node, Outcome, Quorum, Votes, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
 from ._wire import Address, Link, OnReply, ScriptCall, hello, pack
-from .backend import KeyedBackend, abandon_call, force_release_call, ms, status_call
+from .backend import KeyedBackend, ms
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -262,7 +262,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         """Remove ``owner``'s keys from ``nodes``, all at once."""
         return await self.fan(
             nodes,
-            abandon_call(keys, owner),
+            self.abandon_call(keys, owner),
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -379,7 +379,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             )
 
     async def status(self, name: str) -> LockStatus | None:
-        call = status_call(self.keys_for(name))
+        call = self.status_call(name)
         outcomes = await self._majority(call, "status", self.config.op_timeout)
         holders: dict[str, list[tuple[int, int]]] = {}
         for outcome in outcomes:
@@ -397,7 +397,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         return None
 
     async def force_release(self, name: str) -> bool:
-        call = force_release_call(self.keys_for(name))
+        call = self.force_release_call(name)
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
 
