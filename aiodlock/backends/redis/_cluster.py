@@ -72,19 +72,17 @@ class ClusterLinks:
         for address in dict.fromkeys([*self.masters(), *self._seeds]):
             reply = await self.link_to(address).call(pack(b"CLUSTER", b"SLOTS"))
             if isinstance(reply, list) and reply:
-                self._apply(reply, address)
-                return
+                break
             failures.append(f"{address}: {reply}")
-        raise NodeConnectionError(f"no cluster node gave its slot map: {'; '.join(failures)}")
-
-    def _apply(self, reply: list[Any], via: Address) -> None:
+        else:
+            raise NodeConnectionError(f"no cluster node gave its slot map: {'; '.join(failures)}")
         slots: list[Address | None] = [None] * SLOTS
         for entry in reply:
-            start, end, master = int(entry[0]), int(entry[1]), entry[2]
-            host = master[0].decode() if master[0] else via.host
+            first, last, master = int(entry[0]), int(entry[1]), entry[2]
+            host = master[0].decode() if master[0] else address.host
             if host != "?":
-                address = Address(host, int(master[1]), tls=self._tls)
-                slots[start : end + 1] = [address] * (end - start + 1)
+                node = Address(host, int(master[1]), tls=self._tls)
+                slots[first : last + 1] = [node] * (last - first + 1)
         self._slots = slots
 
     def reset(self) -> None:

@@ -18,7 +18,7 @@ from ..._errors import BackendTimeout, describe
 from ..._types import monotonic
 from ..._wakeup import Timer
 from ._pubsub import PubSubHub
-from ._scripts import Memo
+from ._scripts import memo
 from ._wire import Link, OnReply, ScriptCall, wire_error
 
 #: A node's answer in a fan-out: the decoded reply, or a :class:`BackendError` (a
@@ -43,7 +43,7 @@ class Node:
         # NOTE: one exception per kind: a fan-out decided by a majority leaves the slower
         # nodes "unanswered" on every lock operation, and formatting one each time is a
         # measurable part of an uncontended acquire.
-        self._silent: Memo[tuple[str, float], BackendTimeout] = Memo(
+        self._silent: Callable[[tuple[str, float]], BackendTimeout] = memo(
             lambda k: BackendTimeout(f"{self.label}: {k[0]}: no answer within {k[1]:g} s"), 64
         )
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
-K = TypeVar("K")
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
@@ -70,28 +70,14 @@ class LockKeys:
         return f"<LockKeys {self.lock!r}>"
 
 
-class Memo(Generic[K, V]):
-    """``make(key)``, made once per key (a bounded table, cleared when full)."""
-
-    __slots__ = ("_made", "limit", "make")
-
-    def __init__(self, make: Callable[[K], V], limit: int = 4096) -> None:
-        self.make = make
-        self.limit = limit
-        self._made: dict[K, V] = {}
-
-    def __call__(self, key: K) -> V:
-        value = self._made.get(key)
-        if value is None:
-            if len(self._made) >= self.limit:
-                self._made.clear()
-            value = self._made[key] = self.make(key)
-        return value
+def memo(make: Callable[[K], V], limit: int = 4096) -> Callable[[K], V]:
+    """``make(key)``, made once per key (of the ``limit`` last used)."""
+    return functools.lru_cache(maxsize=limit)(make)
 
 
-def key_table(namespace: str) -> Memo[str, LockKeys]:
+def key_table(namespace: str) -> Callable[[str], LockKeys]:
     """:class:`LockKeys` by name for one namespace (a lock's calls repeat them)."""
-    return Memo(functools.partial(LockKeys, namespace))
+    return memo(functools.partial(LockKeys, namespace))
 
 
 # -- shared Lua fragments ---------------------------------------------------------------------

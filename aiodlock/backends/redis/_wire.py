@@ -24,7 +24,7 @@ import hiredis
 from ..._errors import BackendTimeout, translating
 from ..._types import monotonic
 from ..._wakeup import Timer
-from ._scripts import Memo, Script
+from ._scripts import Script, memo
 
 log = logging.getLogger("aiodlock")
 _EARLY: Final = object()
@@ -87,7 +87,7 @@ def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
     return b"*%d\r\n" % (len(head) + nargs) + b"".join([_bulk(arg) for arg in head])
 
 
-_HEADS: Final = Memo(_eval_head)  # (a lock's calls repeat theirs)
+_HEADS: Final = memo(_eval_head)  # (a lock's calls repeat theirs)
 
 
 class ScriptCall:

@@ -31,8 +31,8 @@ from ._scripts import (
     RENEW,
     STATUS,
     LockKeys,
-    Memo,
     key_table,
+    memo,
 )
 from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
 
@@ -73,12 +73,11 @@ class KeyedBackend(Backend, Generic[S]):
         self.settings = settings
         self.config = config
         self._keys = key_table(config.namespace)
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(
+        self._acquire_calls: Callable[[tuple[LockKeys, str, int]], ScriptCall] = memo(
             lambda index: ScriptCall(ACQUIRE, index[0].every, index[1:])
         )
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
+        self._release_calls: Callable[[tuple[LockKeys, str]], tuple[CallTemplate, ScriptCall]]
+        self._release_calls = memo(release_calls)
 
     def keys_for(self, name: str) -> LockKeys:
         """The keys and channels of lock ``name`` in this backend's namespace."""
@@ -127,9 +126,8 @@ class RedisBackend(KeyedBackend[Settings]):
         self._secrets = tuple(s for s in secrets if s)
         self.sync_replicas = settings.sync_replicas
         self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
-        self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
-            transfer_template
-        )
+        self._transfer_calls: Callable[[tuple[LockKeys, str, str, int]], CallTemplate]
+        self._transfer_calls = memo(transfer_template)
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -180,8 +178,6 @@ class RedisBackend(KeyedBackend[Settings]):
             links.close()
         self._closing()
 
-    # -- sending and answers ---------------------------------------------------------------
-
     def _error(self, exc: BaseException, what: str) -> BaseException:
         """``exc`` (a failed call's outcome) as aiodlock reports it."""
         if type(exc) is ReplyError and str(exc).startswith(TRANSIENT_REPLIES):
@@ -205,8 +201,6 @@ class RedisBackend(KeyedBackend[Settings]):
     def _run(self, call: ScriptCall) -> Awaitable[Any]:
         return self._finish(self._start(call), call.script.name)
 
-    # -- the protocol ----------------------------------------------------------------------
-
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl
         keys = self._keys(name)
@@ -214,17 +208,9 @@ class RedisBackend(KeyedBackend[Settings]):
         urgent = request.urgent and will_wait and not request.fair
         started = monotonic()
         if request.fair or urgent:
-            call = ScriptCall(
-                ACQUIRE_FAIR,
-                keys.every,
-                (
-                    owner,
-                    ms(ttl),
-                    self._lease_waiter_ms,
-                    b"1" if will_wait else b"0",
-                    b"1" if urgent else b"0",
-                ),
-            )
+            flags = (b"1" if will_wait else b"0", b"1" if urgent else b"0")
+            args = (owner, ms(ttl), self._lease_waiter_ms, *flags)
+            call = ScriptCall(ACQUIRE_FAIR, keys.every, args)
         else:
             call = self._acquire_calls((keys, owner, ms(ttl)))
         # The script answers the token (>= 1) if granted; else -1 - ms until a retry may be
@@ -267,8 +253,7 @@ class RedisBackend(KeyedBackend[Settings]):
         own, and demanding acknowledgements would lose every lease the failover kept."""
         if not grants:
             return []
-        started = monotonic()
-        lease_ms = ms(ttl)
+        started, lease_ms = monotonic(), ms(ttl)
         calls = [
             ScriptCall(RENEW, (_data(g).keys.lock,), (g.owner, _data(g).token, lease_ms))
             for g in grants
