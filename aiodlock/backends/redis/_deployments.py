@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
 from ..._errors import ConfigurationError
@@ -61,10 +61,9 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         sentinel_username=take_str(options, "sentinel_username", None),
         client_name=take_str(options, "client_name", None),
         sync_replicas=take_int(options, "sync_replicas", 0, minimum=0, maximum=100),
-        sync_timeout=take_float(
+        sync_timeout=take_seconds(
             options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
-        )
-        or 0.0,
+        ),
         ssl={},
         client=client,
         shown=url.redacted() if client is None else f"{scheme}:// (client={type(client).__name__})",
@@ -136,6 +135,12 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
             raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
         s.db = db_option
     return s
+
+
+def take_seconds(options: dict[str, Any], name: str, default: float, **limits: Any) -> float:
+    value = take_float(options, name, default, **limits)
+    assert value is not None  # (the default is not None)
+    return value
 
 
 def db_from_path(path: str) -> int:
@@ -264,66 +269,52 @@ class ServerLinks:
 Links: TypeAlias = ServerLinks | ClusterLinks
 
 
-class SentinelMaster:
-    """Where the master a Sentinel names listens: asked again for every new connection
-    (a :data:`~._wire.Target`), so a link follows a failover when it reconnects."""
-
-    def __init__(self, s: Settings, config: CommonConfig, tls: Any) -> None:
-        assert s.service_name is not None
-        self.service = s.service_name
-        self._tls = tls
-        auth = hello(s.sentinel_username, s.sentinel_password)
-        self._links = [
-            Link(
-                f"redis sentinel {host}:{port}",
-                Address(host, port, tls=tls),
-                connect_timeout=config.connect_timeout,
-                op_timeout=config.op_timeout,
-                hello=auth,
-            )
-            for host, port in s.hosts
-        ]
-
-    async def __call__(self) -> Address:
-        failures = []
-        for link in self._links:
-            reply = await link.call(pack(b"SENTINEL", b"get-master-addr-by-name", self.service))
-            if isinstance(reply, list) and len(reply) == 2:
-                host, port = reply
-                return Address(host.decode(), int(port), tls=self._tls)
-            failures.append(f"{link.label}: {reply if reply is not None else 'unknown master'}")
-        raise NodeConnectionError(
-            f"no sentinel names the master of {self.service!r}: {'; '.join(failures)}"
-        )
-
-    def close(self) -> None:
-        for link in self._links:
-            link.close()
-
-
 def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, Callable[[], None]]:
     """The command links of the deployment, the link for its pub/sub connection and what
     closes whatever else was made (the sentinels' links)."""
     tls = ssl_context_factory(s.ssl) if s.tls else None
+    own = hello(s.username, s.password, s.db, s.client_name)  # (the pub/sub connections')
+    scripts = [*own, *hello(scripts=ALL_SCRIPTS)]
 
-    def make_link(target: Target, label: str = "redis", *, pubsub: bool = False) -> Link:
-        scripts = () if pubsub else ALL_SCRIPTS
+    def make_link(target: Target, label: str = "redis", auth: Sequence[bytes] = scripts) -> Link:
         return Link(
             label,
             target,
             connect_timeout=config.connect_timeout,
             op_timeout=config.op_timeout,
-            hello=hello(s.username, s.password, s.db, s.client_name, scripts),
+            hello=auth,
         )
 
     if s.mode == "cluster":
         cluster = ClusterLinks([Address(h, p, tls=tls) for h, p in s.hosts], make_link)
-        return cluster, make_link(cluster.next_master, pubsub=True), _nothing
+        return cluster, make_link(cluster.next_master, auth=own), _nothing
     target: Target
     closing = _nothing
     if s.mode == "sentinel":
-        sentinel = SentinelMaster(s, config, tls)
-        target, closing = sentinel, sentinel.close
+        assert s.service_name is not None
+        service, auth = s.service_name, hello(s.sentinel_username, s.sentinel_password)
+        sentinels = [
+            make_link(Address(h, p, tls=tls), f"redis sentinel {h}:{p}", auth) for h, p in s.hosts
+        ]
+
+        async def master() -> Address:
+            """Where the master a Sentinel names listens: asked again for every new
+            connection, so a link follows a failover when it reconnects."""
+            failures = []
+            for link in sentinels:
+                reply = await link.call(pack(b"SENTINEL", b"get-master-addr-by-name", service))
+                if isinstance(reply, list) and len(reply) == 2:
+                    return Address(reply[0].decode(), int(reply[1]), tls=tls)
+                failures.append(f"{link.label}: {reply if reply is not None else 'unknown master'}")
+            raise NodeConnectionError(
+                f"no sentinel names the master of {service!r}: {'; '.join(failures)}"
+            )
+
+        def closing() -> None:
+            for link in sentinels:
+                link.close()
+
+        target = master
     elif s.mode == "unix":
         assert s.socket_path is not None
         target = Address(path=s.socket_path)
@@ -331,7 +322,7 @@ def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, 
         host, port = s.hosts[0]
         target = Address(host, port, tls=tls)
     links = ServerLinks(make_link(target), functools.partial(make_link, target, "redis (WAIT)"))
-    return links, make_link(target, pubsub=True), closing
+    return links, make_link(target, auth=own), closing
 
 
 def _nothing() -> None:
@@ -397,47 +388,36 @@ def parse_redlock_settings(
             f"redlock:// lists {twice[0][0]}:{twice[0][1]} twice: every node must be a "
             f"different Redis master"
         )
-    password = take_str(options, "password", url.password, secret=True)
-    passwords = take_passwords(options, len(hosts))
-    if passwords is not None and password is not None:
+    s = RedlockSettings(
+        hosts=hosts,
+        db=db_from_path(url.path),
+        password=take_str(options, "password", url.password, secret=True),
+        passwords=take_passwords(options, len(hosts)),
+        username=take_str(options, "username", url.username),
+        node_timeout=take_float(options, "node_timeout", None, allow_zero=False, allow_none=True),
+        drift_factor=take_seconds(options, "drift_factor", 0.01, minimum=0.0),
+        retry_delay=take_seconds(options, "retry_delay", 0.2, allow_zero=False),
+        rejoin_delay=take_seconds(options, "rejoin_delay", 0.0, minimum=0.0),
+        tls=take_bool(options, "ssl", False),
+        ssl=take_ssl_options(options),
+        shown=url.redacted(),
+    )
+    if s.passwords is not None and s.password is not None:
         raise ConfigurationError(
             "give either 'password' (the same on every node) or 'passwords' (one per "
             "node), not both"
         )
-    username = take_str(options, "username", url.username)
-    node_timeout = take_float(options, "node_timeout", None, allow_zero=False, allow_none=True)
-    if node_timeout is not None and node_timeout * 2 > config.watchdog_ttl:
+    if s.node_timeout is not None and s.node_timeout * 2 > config.watchdog_ttl:
         raise ConfigurationError(
-            f"option 'node_timeout' ({node_timeout:g} s) must be far below the lease "
+            f"option 'node_timeout' ({s.node_timeout:g} s) must be far below the lease "
             f"(watchdog_ttl = {config.watchdog_ttl:g} s): at most half of it"
         )
-    drift_factor = take_float(options, "drift_factor", 0.01, minimum=0.0)
-    assert drift_factor is not None
-    if drift_factor >= 0.5:
+    if s.drift_factor >= 0.5:
         raise ConfigurationError(
-            f"option 'drift_factor' must be below 0.5 (0.01 is usual), got {drift_factor!r}"
+            f"option 'drift_factor' must be below 0.5 (0.01 is usual), got {s.drift_factor!r}"
         )
-    retry_delay = take_float(options, "retry_delay", 0.2, allow_zero=False)
-    assert retry_delay is not None
-    rejoin_delay = take_float(options, "rejoin_delay", 0.0, minimum=0.0)
-    assert rejoin_delay is not None
-    tls = take_bool(options, "ssl", False)
-    ssl = take_ssl_options(options)
-    if ssl and not tls:
+    if s.ssl and not s.tls:
         raise ConfigurationError(
-            f"the option(s) {', '.join(sorted(ssl))} need ssl=True (TLS to every node)"
+            f"the option(s) {', '.join(sorted(s.ssl))} need ssl=True (TLS to every node)"
         )
-    return RedlockSettings(
-        hosts=hosts,
-        db=db_from_path(url.path),
-        username=username,
-        password=password,
-        passwords=passwords,
-        node_timeout=node_timeout,
-        drift_factor=drift_factor,
-        retry_delay=retry_delay,
-        rejoin_delay=rejoin_delay,
-        tls=tls,
-        ssl=ssl,
-        shown=url.redacted(),
-    )
+    return s
