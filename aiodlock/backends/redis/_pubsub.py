@@ -46,12 +46,10 @@ class Channel:
 class PubSubHub:
     """One pub/sub connection shared by every waiter of one backend (or Redlock node).
 
-    The hub subscribes to a channel when its first local waiter arrives (and waits, bounded,
-    until the server confirmed it, so a release after the waiter's attempt cannot be missed)
-    and unsubscribes when the last one leaves.  A message wakes ONE local waiter through the
-    :class:`~aiodlock._wakeup.WakeupBoard`.  The connection is PINGed when idle; when it
-    breaks, the hub reconnects with backoff, subscribes again and then wakes every waiter of
-    each restored channel (messages may have been missed meanwhile).
+    A channel is subscribed when its first local waiter arrives (which waits, bounded, until
+    the server confirmed it, so a release after its attempt cannot be missed), unsubscribed
+    after the last one left.  A message wakes ONE local waiter.  The connection is PINGed
+    when idle; after a reconnect every waiter of each restored channel is woken.
     """
 
     def __init__(

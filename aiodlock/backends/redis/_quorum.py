@@ -58,9 +58,6 @@ class Node:
             return wire_error(self.label, reply, what, self.secrets)
         return reply
 
-    def __repr__(self) -> str:
-        return f"<redlock node {self.index} {self.address}>"
-
 
 class Quorum:
     """Sends one request to every node at once and gathers the answers (a fan-out)."""
@@ -188,16 +185,12 @@ class Gather:
 
 
 class Votes(Gather):
-    """The two hot fan-outs, counted inline as the replies come.
-
-    - An acquire's (``acquire=True``): a yes is a token (>= 1) from a node whose votes
-      count, anything else a no; ``tokens`` keeps every granting node's token.
-    - A release's: 1 (released) is a yes, 0 (not ours) a no, a failure neither.
-
-    Decided once ``need`` said yes or more than ``spare`` said no.  NOTE: one class for
-    both: on Python 3.11 the attribute look-ups of a method that sees two classes in turn
-    lose their specialization (measured at +5% instructions per Redlock cycle).
-    """
+    """The two hot fan-outs, counted inline as the replies come: an acquire's (a yes is a
+    token from a node whose votes count, kept in ``tokens``; anything else a no) and a
+    release's (1 is a yes, 0 a no, a failure neither).  Decided once ``need`` said yes or
+    more than ``spare`` said no.  NOTE: one class for both: on Python 3.11 the attribute
+    look-ups of a method that sees two classes in turn lose their specialization (measured
+    at +5% instructions per Redlock cycle)."""
 
     __slots__ = ("after", "need", "no", "spare", "tokens", "yes")
 

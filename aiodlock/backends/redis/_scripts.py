@@ -33,10 +33,7 @@ class Script:
 
     name: str
     source: str
-    sha: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+    sha: str
 
 
 def escape_name(name: str) -> bytes:
@@ -152,8 +149,8 @@ def _script(name: str, helpers: str, text: str) -> Script:
     """A script with its header comment (the text's leading ``--`` lines) first."""
     lines = text.strip("\n").split("\n")
     split = next(i for i, line in enumerate(lines) if not line.startswith("--"))
-    source = "\n".join([*lines[:split], helpers.strip(), *lines[split:], ""])
-    return Script(name, source.replace("\n\n", "\n"))
+    source = "\n".join([*lines[:split], helpers.strip(), *lines[split:], ""]).replace("\n\n", "\n")
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
 # -- the scripts: KEYS, ARGV and the reply of each in its header -------------------------------

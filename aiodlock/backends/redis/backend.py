@@ -1,8 +1,5 @@
-"""RedisBackend: ``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster.
-
-Every call is ONE round trip on a pipelined :class:`~._wire.Link` (a NOSCRIPT answer costs
-a second one, sent by the pipe itself), bounded by ``op_timeout`` through the link's own
-timer; which link is the deployment's business (:data:`~._deployments.Links`).
+"""RedisBackend (``redis://``, ``rediss://``, ``unix://``, Sentinel, Cluster), and what
+Redlock shares with it.  Every call is ONE round trip on a pipelined :class:`~._wire.Link`.
 """
 
 from __future__ import annotations
