@@ -1,10 +1,7 @@
 """The one transport of both Redis backends: pipelined connections, RESP, script calls.
 
-A :class:`Link`'s requests are written in order and their replies handed to callbacks in
-the same order (an attempt's clean-up can never overtake the attempt).  An unanswered
-request is not cancelled on the wire: its reply is dropped when it comes.  An error reply
-is a :class:`ReplyError` value and a broken connection a :class:`NodeConnectionError`
-value, handed to the callbacks, never raised.
+Replies (an error reply a :class:`ReplyError`, a broken connection a
+:class:`NodeConnectionError`) are handed to callbacks, in request order, never raised.
 """
 
 from __future__ import annotations
@@ -322,11 +319,9 @@ def hello(
 
 class Link:
     """ONE pipelined connection to one server, made (again) on demand: requests made
-    meanwhile are sent, in order, once it is ready.
-
-    Every new connection first sends the ``hello`` commands in one round trip;
-    ``on_hello(replies)`` gets their replies.  With ``on_push`` it is a pub/sub connection.
-    """
+    meanwhile are sent, in order, once it is ready (an attempt's clean-up can never
+    overtake the attempt; an unanswered request's reply is dropped when it comes).  Every
+    new connection first sends the ``hello`` commands; ``on_hello`` gets their replies."""
 
     def __init__(
         self,
@@ -401,26 +396,17 @@ class Link:
         return await asyncio.shield(self._connection())
 
     def _connection(self) -> asyncio.Task[Pipe]:
-        task = self._connecting
-        if task is None:
-            task = self._connecting = asyncio.get_running_loop().create_task(
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(
                 self._connect(), name=f"aiodlock:{self.label}:connect"
             )
-            # (first, so the pipe is in place before the requests that waited are sent)
-            task.add_done_callback(self._connected)
-        return task
+        return self._connecting
 
     def call(self, data: bytes) -> asyncio.Future[Any]:
         """Send one packed command; the future gets its reply (or failure) as its result."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.send(data, (resolver(future),))
         return future
-
-    def _connected(self, task: asyncio.Task[Pipe]) -> None:
-        if self._connecting is task:
-            self._connecting = None
-        if not task.cancelled() and task.exception() is None:
-            self.pipe = task.result()
 
     async def _connect(self) -> Pipe:
         loop = asyncio.get_running_loop()
@@ -432,16 +418,15 @@ class Link:
                 protocol = functools.partial(Pipe, self.label, self.op_timeout, self.on_push)
                 if address.path is not None:
                     _, pipe = await loop.create_unix_connection(protocol, address.path)
-                elif address.tls is not None:
+                else:
+                    tls = None if address.tls is None else address.tls()
                     _, pipe = await loop.create_connection(
                         protocol,
                         address.host,
                         address.port,
-                        ssl=address.tls(),
-                        ssl_handshake_timeout=self.connect_timeout,
+                        ssl=tls,
+                        ssl_handshake_timeout=None if tls is None else self.connect_timeout,
                     )
-                else:
-                    _, pipe = await loop.create_connection(protocol, address.host, address.port)
                 if self._hellos:
                     await self._handshake(pipe)
         except BaseException as exc:
@@ -452,6 +437,10 @@ class Link:
                     f"no connection within {self.connect_timeout:g} s"
                 ) from exc
             raise
+        finally:
+            self._connecting = None
+        # (in place before the requests that waited for it are sent, by the task's callbacks)
+        self.pipe = pipe
         return pipe
 
     async def _handshake(self, pipe: Pipe) -> None:
