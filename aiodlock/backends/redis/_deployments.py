@@ -256,10 +256,6 @@ def key_slot(key: bytes) -> int:
     return binascii.crc_hqx(key, 0) % SLOTS
 
 
-class SlotUncovered(ConnectionError):
-    """No master is known for a slot (yet): the slot map is being read again."""
-
-
 class ClusterLinks:
     """A Redis Cluster: one link per master, a call routed by its first key's slot (every
     key of a lock shares one hash tag).  The slot map (``CLUSTER SLOTS``) is read again in
@@ -346,7 +342,7 @@ class ClusterLinks:
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
             self.reset()
-            deliver(SlotUncovered(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
+            deliver(NodeConnectionError(f"no master known for slot {key_slot(call.keys[0])} (yet)"))
             return
         self.link_to(address).eval(call, answered)
 
@@ -393,7 +389,7 @@ class ClusterLinks:
     def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
-            self._send(call, deliver, 0, None)  # (answers SlotUncovered)
+            self._send(call, deliver, 0, None)  # (answers: no master known)
             return
         link = self.link_to(address, "redis (WAIT)")
 

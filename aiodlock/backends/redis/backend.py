@@ -17,7 +17,6 @@ from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import Links, ServerLinks, Settings, connect_deployment, parse_settings
-from ._pubsub import Listening, PubSubHub
 from ._scripts import (
     ABANDON,
     ACQUIRE,
@@ -31,7 +30,17 @@ from ._scripts import (
     key_table,
     memo,
 )
-from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
+from ._wire import (
+    CallTemplate,
+    Link,
+    Listening,
+    PubSubHub,
+    ReplyError,
+    ScriptCall,
+    pack,
+    resolver,
+    wire_error,
+)
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -96,8 +105,7 @@ class RedisBackend(KeyedBackend[Settings]):
     """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
 
     ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
-    write: a grant that fewer than N replicas acknowledged in time is released again and
-    reported as a :class:`~aiodlock.BackendError`.  See ``docs/backends/redis.md``.
+    write: a grant fewer replicas acknowledged in time is released again (a BackendError).
     """
 
     backend_name = "redis"
