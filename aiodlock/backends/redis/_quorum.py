@@ -245,11 +245,8 @@ class Votes(Gather):
 
 
 class Expiries:
-    """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer.
-
-    They expire in the order they started, so a FIFO of their deadlines is enough: the
-    timer fires for the oldest one still waiting.
-    """
+    """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer: they
+    expire in the order they started, so a FIFO of their deadlines is enough."""
 
     __slots__ = ("entries", "loop", "timer")
 

@@ -127,8 +127,7 @@ class RedisBackend(KeyedBackend[Settings]):
         self._hub: PubSubHub | None = None
         #: The local waiters by channel, woken by the hub one at a time.
         self.board = WakeupBoard()
-        secrets = (settings.password or "", settings.sentinel_password or "")
-        self._secrets = tuple(s for s in secrets if s)
+        self._secrets = tuple(s for s in (settings.password, settings.sentinel_password) if s)
         self.sync_replicas = settings.sync_replicas
         self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
         self._transfer_calls: Callable[[tuple[LockKeys, str, str, int]], CallTemplate]
@@ -305,14 +304,10 @@ class RedisBackend(KeyedBackend[Settings]):
         reply = await self._run(self.status_call(name))
         if not reply:
             return None
-        owner, token, pttl, waiters = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
-        return LockStatus(
-            name,
-            owner.decode("utf-8", "surrogateescape"),
-            token,
-            pttl / 1000 if pttl >= 0 else None,
-            waiters if waiters >= 0 else None,
-        )
+        token, pttl, waiters = map(int, reply[1:4])
+        left = pttl / 1000 if pttl >= 0 else None
+        owner = reply[0].decode("utf-8", "surrogateescape")
+        return LockStatus(name, owner, token, left, waiters if waiters >= 0 else None)
 
     async def force_release(self, name: str) -> bool:
         return bool(await self._run(self.force_release_call(name)) == 1)

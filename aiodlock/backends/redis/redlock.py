@@ -69,8 +69,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         self.board = WakeupBoard(single=True)
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
-        every = (settings.password, *(settings.passwords or ()))
-        self.secrets = tuple(p for p in every if p)
+        self.secrets = tuple(p for p in (settings.password, *(settings.passwords or ())) if p)
         self._patience = self.node_timeout(config.watchdog_ttl)
         self.fan = Quorum(self.quorum, self.secrets)
 
