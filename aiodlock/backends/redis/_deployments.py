@@ -428,11 +428,9 @@ def _ignore(reply: Any) -> None:
 
 
 class ServerLinks:
-    """Where a deployment's commands go (each method sends at once, nothing is awaited), on
-    one server (plain, Unix socket, TLS, or the master a Sentinel names): ONE link for every
-    command, and one more, made on first use, for grants that ``WAIT`` (it blocks its
-    connection).  ``eval_many`` makes one write per server; ``reset`` drops idle connections
-    (the server may have changed: a failover, a READONLY answer)."""
+    """Where a deployment's commands go (each method sends at once), on one server (plain,
+    Unix socket, TLS, or the master a Sentinel names): ONE link for every command, and one
+    more, made on first use, for grants that ``WAIT`` (it blocks its connection)."""
 
     def __init__(self, link: Link, make_wait_link: Any = None) -> None:
         self.link = link

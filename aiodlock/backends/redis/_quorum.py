@@ -1,8 +1,6 @@
 """Redlock's quorum: one node's connection and standing, the fan-out, the counting of votes.
 
-A fan-out sends one request to every node at once and ends when every node answered, when
-it is decided, or when its time is up; a node that has not answered then counts as a
-:class:`~aiodlock.BackendTimeout` (its reply is read and dropped when it comes).
+A node that has not answered a fan-out in time counts as a :class:`~aiodlock.BackendTimeout`.
 """
 
 from __future__ import annotations

@@ -601,12 +601,10 @@ class PubSubHub:
         self.link.close()
 
     async def subscribe(self, channel: bytes) -> Channel:
-        """Be subscribed to ``channel`` (shared with other local waiters) until :meth:`leave`.
-
-        Returns once the server confirmed it, or after ``op_timeout`` (the connection is
-        down: the waiter polls).  It lingers ``linger`` seconds after its last waiter left (a
-        task that waits again pays no SUBSCRIBE round trip).  If this raises, it left already.
-        """
+        """Be subscribed to ``channel`` until :meth:`leave`: once the server confirmed it, or
+        after ``op_timeout`` (the connection is down: the waiter polls).  It lingers ``linger``
+        s after its last waiter left (a task that waits again pays no SUBSCRIBE round trip).
+        If this raises, it left already."""
         state = self._channels.get(channel)
         if state is None:
             state = self._channels[channel] = Channel(channel.decode("latin-1"))
@@ -760,14 +758,11 @@ class PubSubHub:
 
 
 class Listening:
-    """The waiter of both Redis backends (a class, not a generator: every contended
-    acquisition enters and leaves one): a place on the board, then ``channel`` on every hub.
-
-    With several hubs (Redlock's nodes) entering waits, at most ``bound`` seconds, until
+    """The waiter of both Redis backends: a place on the board, then ``channel`` on every
+    hub.  With several hubs (Redlock's nodes) entering waits, at most ``bound`` seconds, until
     ``need`` of them confirmed the channel: a holder's release reaches a majority, so one of
-    its messages then reaches us; the others subscribe in the background, and polling covers
-    what they miss.  ``tag`` names the waiter in a message that calls it alone.
-    """
+    its messages then reaches us (polling covers what the others miss).  ``tag`` names the
+    waiter in a message that calls it alone."""
 
     __slots__ = ("_board", "_channel", "_entered", "_entering", "_hubs", "_slot", "_with")
 
