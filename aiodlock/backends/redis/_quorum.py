@@ -1,9 +1,6 @@
 """Redlock's quorum: one node's connection and standing, the fan-out, the counting of votes.
 
-A fan-out sends one request to every node at once (one write per node on its pipelined
-:class:`~._wire.Link`, one wake-up of the caller) and ends when every node answered, when
-it is decided, or when its time is up; a node that has not answered then counts as a
-:class:`~aiodlock.BackendTimeout` (its reply is read and dropped when it comes).
+A node that has not answered a fan-out in time counts as a :class:`~aiodlock.BackendTimeout`.
 """
 
 from __future__ import annotations
@@ -18,9 +15,8 @@ from typing import Any, Final
 from ..._errors import BackendTimeout, describe
 from ..._types import monotonic
 from ..._wakeup import Timer
-from ._pubsub import PubSubHub
-from ._scripts import Memo
-from ._wire import Link, OnReply, ScriptCall, wire_error
+from ._scripts import memo
+from ._wire import Link, OnReply, PubSubHub, ScriptCall, wire_error
 
 #: A node's answer in a fan-out: the decoded reply, or a :class:`BackendError` (a
 #: :class:`BackendTimeout` when it did not answer in time).
@@ -35,9 +31,7 @@ class Node:
     __slots__ = ("_silent", "address", "counts_after", "hub", "index", "label", "link", "secrets")
 
     def __init__(self, index: int, address: str, secrets: tuple[str, ...]) -> None:
-        self.index = index
-        self.address = address
-        self.secrets = secrets
+        self.index, self.address, self.secrets = index, address, secrets
         self.label = f"redlock node {address}"
         #: Monotonic time from which this node's votes count (``rejoin_delay``).
         self.counts_after = -math.inf
@@ -46,7 +40,7 @@ class Node:
         # NOTE: one exception per kind: a fan-out decided by a majority leaves the slower
         # nodes "unanswered" on every lock operation, and formatting one each time is a
         # measurable part of an uncontended acquire.
-        self._silent: Memo[tuple[str, float], BackendTimeout] = Memo(
+        self._silent: Callable[[tuple[str, float]], BackendTimeout] = memo(
             lambda k: BackendTimeout(f"{self.label}: {k[0]}: no answer within {k[1]:g} s"), 64
         )
 
@@ -60,9 +54,6 @@ class Node:
         if isinstance(reply, BaseException):
             return wire_error(self.label, reply, what, self.secrets)
         return reply
-
-    def __repr__(self) -> str:
-        return f"<redlock node {self.index} {self.address}>"
 
 
 class Quorum:
@@ -84,12 +75,9 @@ class Quorum:
         patience: float | None = None,
         decided: Callable[[list[Any]], bool] | None = None,
     ) -> list[Outcome]:
-        """Send ``request`` to every node; one :data:`Outcome` each.
-
-        Waits until every node answered, at most ``timeout``; with ``patience``, that long
-        for all of them, then only until ``decided(replies)`` (the replies so far: a reply,
-        an exception or ``NO_ANSWER``).
-        """
+        """Send ``request`` to every node; one :data:`Outcome` each.  Waits until every node
+        answered, at most ``timeout``; with ``patience``, that long for all of them, then
+        only until ``decided(replies so far)``."""
         gather = Gather(len(nodes), decided)
         self.start(nodes, request, gather)
         await self.finish(gather, timeout=timeout, patience=patience)
@@ -101,11 +89,8 @@ class Quorum:
         request: ScriptCall | list[ScriptCall] | Callable[[Node, OnReply], None],
         gather: Gather,
     ) -> None:
-        """The sending half: node ``i`` answers to ``gather.deliver(i, reply)``.
-
-        ``request``: one script call for every node, one per node, or ``request(node,
-        deliver)`` sending whatever it likes.
-        """
+        """The sending half: one script call for every node, one per node, or
+        ``request(node, deliver)``; node ``i`` answers to ``gather.deliver(i, reply)``."""
         deliver = gather.deliver
         for index, node in enumerate(nodes):
             if type(request) is ScriptCall:
@@ -197,18 +182,14 @@ class Gather:
 
 
 class Votes(Gather):
-    """The two hot fan-outs, counted inline as the replies come.
+    """The two hot fan-outs, counted inline as the replies come: an acquire's (a yes is a
+    token from a node whose votes count, kept in ``tokens``; anything else a no) and a
+    release's (1 is a yes, 0 a no, a failure neither).  Decided once ``need`` said yes or
+    more than ``spare`` said no.  NOTE: one class for both: on Python 3.11 the attribute
+    look-ups of a method that sees two classes in turn lose their specialization (measured
+    at +5% instructions per Redlock cycle)."""
 
-    - An acquire's (``acquire=True``): a yes is a token (>= 1) from a node whose votes
-      count, anything else a no; ``tokens`` keeps every granting node's token.
-    - A release's: 1 (released) is a yes, 0 (not ours) a no, a failure neither.
-
-    Decided once ``need`` said yes or more than ``spare`` said no.  NOTE: one class for
-    both: on Python 3.11 the attribute look-ups of a method that sees two classes in turn
-    lose their specialization (measured at +5% instructions per Redlock cycle).
-    """
-
-    __slots__ = ("after", "first", "mixed", "need", "no", "spare", "tokens", "yes")
+    __slots__ = ("after", "need", "no", "spare", "tokens", "yes")
 
     def __init__(
         self, n: int, need: int, *, acquire: bool, after: Sequence[float] | None = None
@@ -226,9 +207,6 @@ class Votes(Gather):
         self.after = after
         #: An acquire's tokens by node (None for a release).
         self.tokens: dict[int, int] | None = {} if acquire else None
-        #: The first token granted; did the nodes grant different tokens?
-        self.first: int | None = None
-        self.mixed = False
 
     def enough(self) -> bool:
         return self.armed and (self.yes >= self.need or self.no > self.spare)
@@ -246,18 +224,9 @@ class Votes(Gather):
             elif reply == 0:
                 self.no += 1
         else:  # an acquire
-            if type(reply) is not int:
-                # An older table answer (see acquire_reply), an error or no connection.
-                ok = not isinstance(reply, BaseException) and acquire_reply(reply)[0]
-                reply = acquire_reply(reply)[1] if ok else 0
-            if reply < 1:
+            if type(reply) is not int or reply < 1:  # (busy, an error or no connection)
                 self.no += 1
             else:
-                first = self.first
-                if first is None:
-                    self.first = reply
-                elif reply != first:
-                    self.mixed = True
                 tokens[index] = reply
                 after = self.after
                 if after is None or after[index] <= monotonic():
@@ -274,11 +243,8 @@ class Votes(Gather):
 
 
 class Expiries:
-    """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer.
-
-    They expire in the order they started, so a FIFO of their deadlines is enough: the
-    timer fires for the oldest one still waiting.
-    """
+    """Wakes the fan-outs of one timeout when their time is up, with ONE loop timer: they
+    expire in the order they started, so a FIFO of their deadlines is enough."""
 
     __slots__ = ("entries", "loop", "timer")
 
@@ -308,17 +274,6 @@ class Expiries:
                 waiter.set_result(None)
             entries.popleft()
         return None
-
-
-def acquire_reply(reply: Any) -> tuple[bool, int]:
-    """The ACQUIRE script's answer: ``(True, token)`` or ``(False, ms left on the holder's
-    lease, -1 when unknown)``; the older ``{1, token}`` / ``{0, pttl}`` tables are read too."""
-    if isinstance(reply, list):
-        return reply[0] == 1, int(reply[1])
-    value = int(reply)
-    if value >= 1:
-        return True, value
-    return False, -1 - value if value < 0 else -1
 
 
 def answered(replies: Sequence[Any]) -> int:

@@ -4,8 +4,7 @@ One lock name's keys (one hash tag: one Cluster slot, so one script may touch th
 
     {ns}:{<name>}             hash    {owner: token}   the holder, with a millisecond expiry
     {ns}:{<name>}:token       string  fencing counter, INCR'd once per new grant (never expires)
-    {ns}:{<name>}:queue       list    the line: owners waiting in request order (fair
-                                      waiters, and urgent ones: see ACQUIRE)
+    {ns}:{<name>}:queue       list    the line: fair (and urgent) waiters in request order
     {ns}:{<name>}:deadlines   zset    the line: owner -> server time (ms) its place lapses
     {ns}:{<name>}:released    channel a release/expiry of the lock is announced here
     {ns}:{<name>}:released:<owner>    the line: the next waiter's own channel
@@ -14,8 +13,6 @@ One lock name's keys (one hash tag: one Cluster slot, so one script may touch th
 exactly one hash tag, distinct names distinct keys.  As Redisson's RLock and RFairLock, but
 the hash field holds the hold's fencing token, not a reentrancy count (the client counts
 reentrant acquires): a retried attempt is idempotent and ``status()`` reports the token.
-Every script is headed with its KEYS, ARGV and return value; scripts read the server's
-clock (``TIME``).
 """
 
 from __future__ import annotations
@@ -23,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
-K = TypeVar("K")
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
@@ -36,10 +33,7 @@ class Script:
 
     name: str
     source: str
-    sha: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+    sha: str
 
 
 def escape_name(name: str) -> bytes:
@@ -53,25 +47,17 @@ def escape_name(name: str) -> bytes:
 class LockKeys:
     """Every key and channel of one lock name (bytes, ready to be sent)."""
 
-    __slots__ = (
-        "channel",
-        "counter",
-        "deadlines",
-        "lock",
-        "name",
-        "queue",
-        "waiter_prefix",
-    )
-
     def __init__(self, namespace: str, name: str) -> None:
         self.name = name
-        base = namespace.encode() + b":{" + escape_name(name) + b"}"
-        self.lock = base
+        self.lock = base = namespace.encode() + b":{" + escape_name(name) + b"}"
         self.counter = base + b":token"
         self.queue = base + b":queue"
         self.deadlines = base + b":deadlines"
         self.channel = base + b":released"
         self.waiter_prefix = base + b":released:"
+        #: The KEYS of the scripts that touch the line, and of those that may also grant.
+        self.line = (self.lock, self.queue, self.deadlines)
+        self.every = (self.lock, self.counter, self.queue, self.deadlines)
 
     def waiter_channel(self, owner: str) -> bytes:
         """The channel a fair waiter listens on for its own turn."""
@@ -81,42 +67,26 @@ class LockKeys:
         return f"<LockKeys {self.lock!r}>"
 
 
-class Memo(Generic[K, V]):
-    """``make(key)``, made once per key (a bounded table, cleared when full)."""
-
-    __slots__ = ("_made", "limit", "make")
-
-    def __init__(self, make: Callable[[K], V], limit: int = 4096) -> None:
-        self.make = make
-        self.limit = limit
-        self._made: dict[K, V] = {}
-
-    def __call__(self, key: K) -> V:
-        value = self._made.get(key)
-        if value is None:
-            if len(self._made) >= self.limit:
-                self._made.clear()
-            value = self._made[key] = self.make(key)
-        return value
+def memo(make: Callable[[K], V], limit: int = 4096) -> Callable[[K], V]:
+    """``make(key)``, made once per key (of the ``limit`` last used)."""
+    return functools.lru_cache(maxsize=limit)(make)
 
 
-def key_table(namespace: str) -> Memo[str, LockKeys]:
+def key_table(namespace: str) -> Callable[[str], LockKeys]:
     """:class:`LockKeys` by name for one namespace (a lock's calls repeat them)."""
-    return Memo(functools.partial(LockKeys, namespace))
+    return memo(functools.partial(LockKeys, namespace))
 
 
 # -- shared Lua fragments ---------------------------------------------------------------------
 
-# now(): the server clock in milliseconds.
+# now_ms(): the server clock.  purge(queue, deadlines, now): drop the lapsed waiters at the
+# head of the line (their process died or stopped retrying); the first live one, or false.
 _NOW = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 """
-
-# purge(queue, deadlines, now): drop waiters at the head of the queue whose place has lapsed
-# (their process died or stopped retrying); returns the first live waiter or false.
 _PURGE = """
 local function purge(queue, deadlines, now)
   while true do
@@ -130,13 +100,10 @@ local function purge(queue, deadlines, now)
 end
 """
 
-# call_next(head, channel, prefix): the lock is free for the first waiter in line, ``head``:
-# a fair waiter listens on its own channel; an urgent one (its place in line is its owner
-# marked with a leading '!') on the name's channel, where the message names it (no other
-# waiter there is woken: none of them may take the lock).
-# notify(queue, deadlines, channel, prefix): the lock just became free.  With a line, wake
-# only its first live waiter; otherwise announce it on the name's channel, where each
-# process with waiters wakes one of them.
+# call_next(head, ...): the lock is free for the first in line: a fair waiter hears it on
+# its own channel, an urgent one (marked '!' .. owner) by name on the name's channel (no
+# other waiter there is woken: none may take the lock).  notify(...): the lock is free:
+# call the first live waiter in line, or announce it on the name's channel.
 _NOTIFY = (
     _NOW
     + _PURGE
@@ -161,9 +128,8 @@ end
 """
 )
 
-
-# others_first(queue, deadlines, member): the first live waiter in line when it is not
-# ``member`` (with the server time), else false; ``member`` first in line leaves the line.
+# others_first(queue, deadlines, member): the first live waiter and the server time when
+# it is not ``member``, else false (``member`` first in line leaves the line).
 _LINE = """
 local function others_first(queue, deadlines, member)
   if redis.call('EXISTS', queue) == 0 then return false end
@@ -180,38 +146,28 @@ end
 
 
 def _script(name: str, helpers: str, text: str) -> Script:
-    """A script whose header comment (the text's leading ``--`` lines) comes first."""
+    """A script with its header comment (the text's leading ``--`` lines) first."""
     lines = text.strip("\n").split("\n")
-    split = 0
-    while split < len(lines) and lines[split].startswith("--"):
-        split += 1
-    header = "\n".join(lines[:split])
-    body = "\n".join(lines[split:])
-    return Script(name, f"{header}\n{helpers.strip()}\n{body}\n".replace("\n\n", "\n"))
+    split = next(i for i, line in enumerate(lines) if not line.startswith("--"))
+    source = "\n".join([*lines[:split], helpers.strip(), *lines[split:], ""]).replace("\n\n", "\n")
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
-# -- the scripts ------------------------------------------------------------------------------
+# -- the scripts: KEYS, ARGV and the reply of each in its header -------------------------------
 
 ACQUIRE = _script(
     "acquire",
     _NOW + _PURGE + _LINE,
     """
--- One attempt to take a lock without a place in line: a free lock goes to whoever asks
--- first, unless owners wait in line (fair waiters, or urgent ones: non-fair waiters that
--- have waited too long): then only the first of them may take it.
--- KEYS[1] lock hash      KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
--- ARGV[1] owner          ARGV[2] lease in ms
--- returns token (>= 1)   granted; also when ARGV[1] already holds it (same token, lease
---                        refreshed: a retried attempt whose reply was lost is idempotent)
---         -1 - ms        (<= -1) held by another owner (ms left on its lease), or free but
---                        kept for the first in line (ms until its place lapses)
---         0              held by another owner, with no expiry (never set by aiodlock)
--- (An integer rather than a table: it costs the server noticeably less.)
+-- Take a free lock, unless owners wait in line (fair or urgent): then only the first may.
+-- KEYS[1] lock hash   KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
+-- ARGV[1] owner       ARGV[2] lease ms
+-- returns token (>= 1) granted, or already held by ARGV[1] (lease refreshed: idempotent);
+--   -1 - ms: held (ms left on its lease) or kept for the first in line (ms until its place
+--   lapses); 0: held with no expiry.  (An integer, not a table: cheaper for the server.)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local head, now = others_first(KEYS[3], KEYS[4], '!' .. ARGV[1])
-  if head then
-    return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
-  end
+  if head then return -1 - math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head)) - now) end
   local token = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[1], token)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -232,20 +188,13 @@ ACQUIRE_FAIR = _script(
     "acquire_fair",
     _NOW + _PURGE,
     """
--- One attempt to take a lock in request order (Redisson RFairLock style).
--- KEYS[1] lock hash      KEYS[2] fencing counter
--- KEYS[3] queue (list of waiting owners)   KEYS[4] deadlines (zset owner -> server ms)
--- ARGV[1] owner          ARGV[2] lease in ms
--- ARGV[3] waiter ms: how long a queued owner keeps its place without a new attempt
--- ARGV[4] '1': queue up when not granted (the caller will wait and retry);
---         '0': a try-lock, leaves nothing behind
--- ARGV[5] '1': an urgent non-fair waiter (its place is marked '!' .. owner: the message
---         that calls it goes to the name's channel), else a fair one
--- returns token (>= 1)   granted (or already held by ARGV[1]: same token, lease refreshed)
---         -1 - retry     (<= -1) not granted; retry = ms until something may change
---                        without a message (the holder's lease end, a dead head waiter's
---                        deadline, or the time to refresh our own place)
---         0              not granted, no such time known
+-- Take a lock in request order (Redisson RFairLock style).
+-- KEYS[1] lock hash   KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
+-- ARGV[1] owner   ARGV[2] lease ms   ARGV[3] ms a queued owner keeps its place unasked
+-- ARGV[4] '1': queue up when not granted, '0': a try-lock (leaves nothing behind)
+-- ARGV[5] '1': an urgent non-fair waiter (its place is '!' .. owner), '0': a fair one
+-- returns token (>= 1) granted (or already held by ARGV[1], lease refreshed); -1 - ms:
+--   not granted, ms until something may change unannounced; 0: no such time known
 local owner = ARGV[1]
 local member = owner
 if ARGV[5] == '1' then member = '!' .. owner end
@@ -272,17 +221,13 @@ local function consider(ms)
   if ms >= 0 and (retry < 0 or ms < retry) then retry = ms end
 end
 if not free then consider(redis.call('PTTL', KEYS[1])) end
-if head and head ~= member then
-  consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now)
-end
+if head and head ~= member then consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now) end
 if ARGV[4] == '1' then
   local waiter_ms = tonumber(ARGV[3])
-  -- ZADD answers 1 for a new member: only then does the owner join the end of the queue;
-  -- an owner already queued keeps its place and gets a fresh deadline.
+  -- (a new member joins the end of the line; a queued one keeps its place, a new deadline)
   if redis.call('ZADD', KEYS[4], now + waiter_ms, member) == 1 then
     redis.call('RPUSH', KEYS[3], member)
   end
-  -- The queue keys vanish when no live waiter refreshes them any more.
   redis.call('PEXPIRE', KEYS[3], waiter_ms)
   redis.call('PEXPIRE', KEYS[4], waiter_ms)
   consider(math.floor(waiter_ms / 3))
@@ -297,8 +242,7 @@ RENEW = _script(
     "",
     """
 -- Extend a lease if it is still ours.
--- KEYS[1] lock hash
--- ARGV[1] owner   ARGV[2] token ('' = any token of this owner)   ARGV[3] lease in ms
+-- KEYS[1] lock hash   ARGV[1] owner   ARGV[2] token ('' = any of this owner's)   ARGV[3] ms
 -- returns 1 extended, 0 gone or held by someone else
 local token = redis.call('HGET', KEYS[1], ARGV[1])
 if token and (ARGV[2] == '' or token == ARGV[2]) then
@@ -314,14 +258,12 @@ RELEASE = _script(
     _NOTIFY,
     """
 -- Compare-and-delete by owner (and token), then wake the next waiter.
--- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
--- ARGV[1] owner          ARGV[2] token ('' = any token of this owner)
--- ARGV[3] the name's channel               ARGV[4] prefix of the waiters' own channels
+-- KEYS[1] lock hash   KEYS[2] queue   KEYS[3] deadlines
+-- ARGV[1] owner   ARGV[2] token ('' = any of this owner's)   ARGV[3] the name's channel
+-- ARGV[4] prefix of the waiters' own channels
 -- returns 1 released, 0 not held by this owner (expired, taken over or force-released)
 local token = redis.call('HGET', KEYS[1], ARGV[1])
-if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
-  return 0
-end
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
 notify(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
 return 1
@@ -332,21 +274,14 @@ RELEASE_TRANSFER = _script(
     "release_transfer",
     _NOTIFY + _LINE,
     """
--- Release a lock and grant it at once to a waiter of the releaser's own process (non-fair
--- locks only): a same-process hand-off in ONE round trip, with no message (not free).
--- KEYS[1] lock hash      KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
--- ARGV[1] releasing owner                  ARGV[2] its token ('' = any token of this owner)
--- ARGV[3] receiving owner (a local waiter) ARGV[4] the receiver's lease in ms
--- ARGV[5] the name's channel               ARGV[6] prefix of the waiters' own channels
--- returns token (>= 1)   released, and granted to ARGV[3] under this NEW token (INCR)
---         0              not held by ARGV[1] (expired, taken over or force-released):
---                        nothing changed, nobody was granted
---         -1             released but not handed over: owners wait in line and ARGV[3]
---                        is not the first; that one was notified exactly as RELEASE does
+-- Release and grant at once to another owner of the same process (non-fair; no message).
+-- KEYS[1] lock hash   KEYS[2] fencing counter   KEYS[3] queue   KEYS[4] deadlines
+-- ARGV[1] releasing owner   ARGV[2] its token ('' = any)   ARGV[3] receiving owner
+-- ARGV[4] its lease ms   ARGV[5] the name's channel   ARGV[6] waiters' channel prefix
+-- returns the receiver's NEW token (>= 1); 0 not held by ARGV[1] (nothing changed);
+--   -1 released, but the first in line is not ARGV[3]: it was called as by RELEASE
 local token = redis.call('HGET', KEYS[1], ARGV[1])
-if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then
-  return 0
-end
+if not token or (ARGV[2] ~= '' and token ~= ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
 local head = others_first(KEYS[3], KEYS[4], '!' .. ARGV[3])
 if head then
@@ -364,15 +299,13 @@ ABANDON = _script(
     "abandon",
     _NOTIFY,
     """
--- Remove every trace of an owner's attempt (after a cancelled or failed acquire): the lock
--- if it holds it, its place in the fair queue; wake the next waiter if that frees the way.
--- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
--- ARGV[1] owner          ARGV[2] the name's channel   ARGV[3] waiters' channel prefix
+-- Remove an owner's attempt (the lock if it holds it, its place in line); wake the next
+-- waiter if that frees the way.
+-- KEYS[1] lock hash   KEYS[2] queue   KEYS[3] deadlines
+-- ARGV[1] owner   ARGV[2] the name's channel   ARGV[3] waiters' channel prefix
 -- returns 1 if the owner held the lock (now deleted), else 0
 local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
-if held then
-  redis.call('DEL', KEYS[1])
-end
+if held then redis.call('DEL', KEYS[1]) end
 local was_head = false
 for _, member in ipairs({ARGV[1], '!' .. ARGV[1]}) do
   if redis.call('ZREM', KEYS[3], member) == 1 then
@@ -393,12 +326,10 @@ FORCE_RELEASE = _script(
     _NOTIFY,
     """
 -- Break the lock whoever holds it (admin), then wake the next waiter.
--- KEYS[1] lock hash      KEYS[2] queue     KEYS[3] deadlines
--- ARGV[1] the name's channel               ARGV[2] waiters' channel prefix
+-- KEYS[1] lock hash   KEYS[2] queue   KEYS[3] deadlines
+-- ARGV[1] the name's channel   ARGV[2] waiters' channel prefix
 -- returns 1 if a lock was deleted, else 0
-if redis.call('DEL', KEYS[1]) == 0 then
-  return 0
-end
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 notify(KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 return 1
 """,
@@ -409,13 +340,11 @@ STATUS = _script(
     _NOW,
     """
 -- Who holds a lock (read only).
--- KEYS[1] lock hash      KEYS[2] deadlines
--- returns {} when free, else {owner, token, pttl, waiters}; waiters = live entries of the
---         fair queue, -1 when the name has no fair queue
+-- KEYS[1] lock hash   KEYS[2] deadlines
+-- returns {} when free, else {owner, token, pttl, waiters}; waiters: live places in line,
+--   -1 when the name has no line
 local pairs_ = redis.call('HGETALL', KEYS[1])
-if #pairs_ < 2 then
-  return {}
-end
+if #pairs_ < 2 then return {} end
 local waiters = -1
 if redis.call('EXISTS', KEYS[2]) == 1 then
   waiters = redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf')
@@ -424,24 +353,19 @@ return {pairs_[1], tonumber(pairs_[2]), redis.call('PTTL', KEYS[1]), waiters}
 """,
 )
 
-ALL_SCRIPTS: tuple[Script, ...] = (
-    ACQUIRE,
-    ACQUIRE_FAIR,
-    RENEW,
-    RELEASE,
-    RELEASE_TRANSFER,
-    ABANDON,
-    FORCE_RELEASE,
-    STATUS,
+ALL_SCRIPTS = (
+    *(ACQUIRE, ACQUIRE_FAIR, RENEW, RELEASE, RELEASE_TRANSFER),
+    *(ABANDON, FORCE_RELEASE, STATUS),
 )
 
 # -- the two scripts Redlock adds ------------------------------------------------------------
 
-RAISE_COUNTER = Script(
+RAISE_COUNTER = _script(
     "raise_counter",
-    """-- Raise a fencing counter to at least a token handed out by another node (Redlock).
--- KEYS[1] fencing counter
--- ARGV[1] the token
+    "",
+    """
+-- Raise a fencing counter to at least a token handed out by another node.
+-- KEYS[1] fencing counter   ARGV[1] the token
 -- returns the counter after the call
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local wanted = tonumber(ARGV[1])
@@ -453,17 +377,16 @@ return current
 """,
 )
 
-REJOIN = Script(
+REJOIN = _script(
     "rejoin",
-    """-- When may this node's votes count?  (run on every new connection with rejoin_delay)
--- A marker key holds the server time (ms) from which the node counts.  A node that lost its
--- data (restarted without persistence, flushed) has no marker: it counts only rejoin_delay
--- after the first client saw it empty, when every lease it may have forgotten has ended.
--- KEYS[1] marker
--- ARGV[1] rejoin delay in ms
+    _NOW,
+    """
+-- From when this node's votes count (run on every new connection with rejoin_delay).  A
+-- marker holds that server time; a node that lost its data has none: it counts only
+-- rejoin_delay after the first client saw it empty (every lease it forgot has ended).
+-- KEYS[1] marker   ARGV[1] rejoin delay ms
 -- returns ms until the node counts (0 or less: now)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local from = redis.call('GET', KEYS[1])
 if not from then
   from = now + tonumber(ARGV[1])

@@ -1,35 +1,36 @@
-"""One pipelined connection to one Redis server, shared by ``redis`` and ``redlock``.
+"""The one transport of both Redis backends: pipelined connections, RESP, script calls, and
+the pub/sub connection their waiters share.
 
-A :class:`Link` is ONE connection spoken to through an asyncio :class:`Pipe` protocol with
-the hiredis reader: requests are written in order and their replies handed to callbacks in
-the same order (one write per request, one future per caller, and an attempt's clean-up can
-never overtake the attempt).  An unanswered request is not cancelled on the wire: its reply
-is dropped when it comes; a connection whose oldest request has waited ``op_timeout`` is
-dropped and the next request makes a new one.  Replies are what hiredis decodes; an error
-reply is a :class:`ReplyError` value and a broken connection a :class:`NodeConnectionError`
-value, handed to the callbacks, never raised.
+Replies (an error reply a :class:`ReplyError`, a broken connection a
+:class:`NodeConnectionError`) are handed to callbacks, in request order, never raised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import hiredis
 
-from ..._errors import BackendTimeout, translating
+from ..._errors import BackendTimeout, describe, translating
 from ..._types import monotonic
-from ..._wakeup import Timer
-from ._scripts import Memo, Script
+from ..._url import _format_host
+from ..._wakeup import Backoff, BoardWaiter, Slot, Timer, WakeupBoard
+from ._scripts import Script, memo
+
+if TYPE_CHECKING:
+    from ..._types import CommonConfig
 
 log = logging.getLogger("aiodlock")
+_EARLY: Final = object()
 
 
 class ReplyError(Exception):
@@ -40,7 +41,6 @@ class NodeConnectionError(ConnectionError):
     """The connection to a server broke (or could not be made)."""
 
 
-#: What a failed request leaves in a callback (besides :class:`BackendTimeout`).
 WIRE_ERRORS: Final = (ReplyError, ConnectionError, hiredis.ProtocolError)
 
 
@@ -51,7 +51,7 @@ def wire_error(
     secrets: tuple[str, ...] = (),
     transient: tuple[type[BaseException], ...] = (),
 ) -> BaseException:
-    """``exc``, a failed request's outcome, as the one translation maps it."""
+    """``exc``, a failed request's outcome (a callback's error), as aiodlock reports it."""
     try:
         with translating(label, WIRE_ERRORS, what=what, secrets=secrets, transient=transient):
             raise exc
@@ -61,9 +61,7 @@ def wire_error(
 
 #: A request's callback: it gets the decoded reply or one of the errors above.
 OnReply = Callable[[Any], None]
-
 Arg = bytes | str | int
-
 #: Per command of a write, the script it runs by EVALSHA (sent again with its source after
 #: a NOSCRIPT answer) or None; None for all of them.
 Calls = Sequence["ScriptCall | None"] | None
@@ -71,12 +69,10 @@ Calls = Sequence["ScriptCall | None"] | None
 
 def _bulk(arg: Arg) -> bytes:
     data: bytes
-    if type(arg) is bytes:
+    if isinstance(arg, bytes):
         data = arg
     elif isinstance(arg, str):
         data = arg.encode("utf-8", "surrogatepass")
-    elif isinstance(arg, bytes):
-        data = bytes(arg)
     else:
         data = b"%d" % arg
     return b"$%d\r\n%b\r\n" % (len(data), data)
@@ -84,22 +80,17 @@ def _bulk(arg: Arg) -> bytes:
 
 def pack(*args: Arg) -> bytes:
     """One command in the Redis protocol (RESP)."""
-    return _head(len(args), args)
-
-
-def _head(count: int, first: Sequence[Arg]) -> bytes:
-    """The start of a command of ``count`` arguments: the count and the ``first`` ones."""
-    return b"*%d\r\n" % count + b"".join([_bulk(arg) for arg in first])
+    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
 
 
 def _eval_head(index: tuple[str, int, tuple[bytes, ...]]) -> bytes:
-    """``EVALSHA sha numkeys keys...`` of a command with ``nargs`` arguments after them."""
+    """``EVALSHA sha numkeys keys...`` of a call with ``nargs`` arguments after them."""
     sha, nargs, keys = index
-    return _head(3 + len(keys) + nargs, (b"EVALSHA", sha, len(keys), *keys))
+    head: tuple[Arg, ...] = (b"EVALSHA", sha, len(keys), *keys)
+    return b"*%d\r\n" % (len(head) + nargs) + b"".join([_bulk(arg) for arg in head])
 
 
-#: The part before the args of recent (script, keys) pairs: a lock's calls repeat it.
-_HEADS: Final = Memo(_eval_head)
+_HEADS: Final = memo(_eval_head)  # (a lock's calls repeat theirs)
 
 
 class ScriptCall:
@@ -108,22 +99,17 @@ class ScriptCall:
     __slots__ = ("args", "data", "keys", "script")
 
     def __init__(
-        self,
-        script: Script,
-        keys: Sequence[bytes],
-        args: Sequence[Arg],
-        data: bytes | None = None,
+        self, script: Script, keys: Sequence[bytes], args: Sequence[Arg], data: bytes = b""
     ) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         #: ``EVALSHA sha numkeys keys... args...`` (packed here unless given)
-        if data is None:
-            data = _HEADS((script.sha, len(args), tuple(keys))) + b"".join(map(_bulk, args))
-        self.data = data
+        self.data = data or _HEADS((script.sha, len(args), tuple(keys))) + b"".join(
+            map(_bulk, args)
+        )
 
     def with_source(self) -> bytes:
-        """``EVAL source numkeys keys... args...`` (after a NOSCRIPT)."""
         return pack(b"EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
 
 
@@ -146,7 +132,6 @@ class CallTemplate:
         self._tail = b"".join(map(_bulk, args[slot + 1 :]))
 
     def fill(self, value: Arg) -> ScriptCall:
-        """The call with ``value`` as argument number ``slot``."""
         args = (*self.args[: self.slot], value, *self.args[self.slot + 1 :])
         return ScriptCall(self.script, self.keys, args, self._head + _bulk(value) + self._tail)
 
@@ -182,22 +167,27 @@ class Pipe(asyncio.Protocol):
 
     ONE timer per connection watches the oldest unanswered request: when it has waited
     ``op_timeout``, every request on the connection gets a :class:`~aiodlock.BackendTimeout`
-    (no caller needs a timer of its own).
+    (no caller needs a timer of its own).  With ``on_push`` it is a pub/sub connection:
+    replies no request waits for (messages) go there, ``last`` is when data last came and
+    ``lost`` gets the error the connection ended with.
     """
 
-    def __init__(self, label: str = "redis", op_timeout: float | None = None) -> None:
+    def __init__(
+        self, label: str = "redis", op_timeout: float | None = None, on_push: OnReply | None = None
+    ) -> None:
         self.label = label
         self.op_timeout = op_timeout
+        self.on_push = on_push
         self._timer = Timer(self._due)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(replyError=ReplyError)
-        #: Per unanswered request, oldest first: its callback, its script (or None) and
-        #: when it was sent.
+        #: Per unanswered request, oldest first: its callback, its script and when it went.
         self._waiting: collections.deque[tuple[OnReply, ScriptCall | None, float]] = (
             collections.deque()
         )
-        #: Why the connection is unusable, once it is.
-        self.broken: BaseException | None = None
+        self.broken: BaseException | None = None  # why the connection is unusable
+        self.last = monotonic()
+        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -206,8 +196,10 @@ class Pipe(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        waiting = self._waiting
-        while waiting or self.pushed:
+        waiting, on_push = self._waiting, self.on_push
+        if on_push is not None:
+            self.last = monotonic()
+        while waiting or on_push is not None:
             try:
                 reply = reader.gets()
             except hiredis.ProtocolError as exc:
@@ -216,7 +208,7 @@ class Pipe(asyncio.Protocol):
             if reply is False:
                 return
             if not waiting:
-                self.on_push(reply)  # (a pub/sub message)
+                on_push(reply)  # type: ignore[misc]  # (a pub/sub message)
                 continue
             callback, call, _ = waiting.popleft()
             if call is not None and type(reply) is ReplyError and str(reply).startswith("NOSCRIPT"):
@@ -229,17 +221,10 @@ class Pipe(asyncio.Protocol):
             except Exception:  # pragma: no cover - a bug in a callback must not desync us
                 log.exception("aiodlock: a redis reply handler failed")
 
-    #: Replies no request waits for are read (and go to :meth:`on_push`): a pub/sub one.
-    pushed = False
-
-    def on_push(self, reply: Any) -> None:
-        """A reply no request waits for (a :class:`PushPipe`'s messages)."""
-
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fail(NodeConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
 
     def _due(self, now: float) -> float | None:
-        """The timer: give up when the oldest request waited ``op_timeout``."""
         oldest = self.oldest()
         if oldest is None or self.broken is not None or self.op_timeout is None:
             return None
@@ -260,6 +245,8 @@ class Pipe(asyncio.Protocol):
                 callback(self.broken)
             except Exception:  # pragma: no cover - see data_received
                 log.exception("aiodlock: a redis reply handler failed")
+        if not self.lost.done():
+            self.lost.set_result(self.broken)
 
     def close(self, error: BaseException) -> None:
         """Give up on the connection: every unanswered request gets ``error``."""
@@ -294,41 +281,13 @@ class Pipe(asyncio.Protocol):
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
     def oldest(self) -> float | None:
-        """When the oldest unanswered request was sent."""
         return self._waiting[0][2] if self._waiting else None
-
-
-class PushPipe(Pipe):
-    """A pub/sub connection: replies no request waits for (messages) go to ``on_push``;
-    ``lost`` gets the error the connection ended with; ``last`` is when data last came."""
-
-    pushed = True
-
-    def __init__(self, label: str, op_timeout: float | None, on_push: OnReply) -> None:
-        super().__init__(label, op_timeout)
-        self.on_push = on_push  # type: ignore[method-assign,assignment]
-        self.last = monotonic()
-        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self.last = monotonic()
-        super().data_received(data)
-
-    def _fail(self, error: BaseException) -> None:
-        super()._fail(error)
-        if not self.lost.done():
-            self.lost.set_result(self.broken or error)
-
-    def write(self, data: bytes) -> None:
-        """Send ``data`` (its answers are pushed)."""
-        if self.broken is None and self.transport is not None:
-            self.transport.write(data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Address:
-    """Where a server listens: ``host`` and ``port``, or a Unix socket ``path``; ``tls``
-    makes the SSL context (when connecting: a missing certificate fails the connection)."""
+    """``host`` and ``port``, or a Unix socket ``path``; ``tls`` makes the SSL context (when
+    connecting: a missing certificate fails the connection)."""
 
     host: str = "localhost"
     port: int = 6379
@@ -336,9 +295,7 @@ class Address:
     tls: Callable[[], ssl.SSLContext] | None = dataclasses.field(default=None, repr=False)
 
     def __str__(self) -> str:
-        if self.path is not None:
-            return self.path
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return self.path if self.path is not None else _format_host(self.host, self.port)
 
 
 #: Where a link connects: an address, or what finds it anew for every connection (the
@@ -346,14 +303,29 @@ class Address:
 Target = Address | Callable[[], Awaitable[Address]]
 
 
+def hello(
+    username: str | None = None,
+    password: str | None = None,
+    db: int = 0,
+    client_name: str | None = None,
+    scripts: Sequence[Script] = (),
+) -> list[bytes]:
+    """A new connection's handshake: AUTH, CLIENT SETNAME, SELECT, SCRIPT LOAD."""
+    commands: list[bytes] = []
+    if password is not None:
+        commands.append(pack(b"AUTH", *((username, password) if username else (password,))))
+    if client_name:
+        commands.append(pack(b"CLIENT", b"SETNAME", client_name))
+    if db:
+        commands.append(pack(b"SELECT", db))
+    return commands + [pack(b"SCRIPT", b"LOAD", script.source) for script in scripts]
+
+
 class Link:
     """ONE pipelined connection to one server, made (again) on demand: requests made
-    meanwhile are sent, in order, once it is ready.
-
-    ``extra()`` may add packed commands to the handshake (AUTH, CLIENT SETNAME, SELECT,
-    SCRIPT LOAD); ``on_extra(replies)`` gets their replies.  With ``on_push`` the connection
-    is a pub/sub one (:class:`PushPipe`).
-    """
+    meanwhile are sent, in order, once it is ready (an attempt's clean-up can never
+    overtake the attempt; an unanswered request's reply is dropped when it comes).  Every
+    new connection first sends the ``hello`` commands; ``on_hello`` gets their replies."""
 
     def __init__(
         self,
@@ -362,26 +334,17 @@ class Link:
         *,
         connect_timeout: float,
         op_timeout: float,
-        username: str | None = None,
-        password: str | None = None,
-        db: int = 0,
-        client_name: str | None = None,
-        scripts: Sequence[Script] = (),
-        extra: Callable[[], list[bytes]] | None = None,
-        on_extra: Callable[[list[Any]], None] | None = None,
+        hello: Sequence[bytes] = (),
+        on_hello: Callable[[list[Any]], None] | None = None,
         on_push: OnReply | None = None,
     ) -> None:
         self.label = label
         self.address = address
         self.connect_timeout = connect_timeout
         self.op_timeout = op_timeout
-        self._username = username
-        self._password = password
-        self._db = db
-        self._client_name = client_name
-        self._scripts = tuple(scripts)
-        self._extra = extra
-        self._on_extra = on_extra
+        self._hello = b"".join(hello)
+        self._hellos = len(hello)
+        self._on_hello = on_hello
         self.on_push = on_push
         #: The current connection's pipe (None before the first and after a broken one).
         self.pipe: Pipe | None = None
@@ -404,16 +367,15 @@ class Link:
 
     def send(self, data: bytes, callbacks: Sequence[OnReply], calls: Calls = None) -> None:
         """Write ``data``; ``callbacks`` get the replies (or the failure) in order."""
+        pipe = self._usable()
+        if pipe is not None:
+            pipe.send(data, callbacks, calls)
+            return
         if self.closed:
             error = NodeConnectionError("the connection is closed")
             for callback in callbacks:
                 callback(error)
             return
-        pipe = self._usable()
-        if pipe is not None:
-            pipe.send(data, callbacks, calls)
-            return
-        task = self._connection()
 
         def send_when_ready(task: asyncio.Task[Pipe]) -> None:
             if task.cancelled():
@@ -426,7 +388,7 @@ class Link:
             for callback in callbacks:
                 callback(error)
 
-        task.add_done_callback(send_when_ready)
+        self._connection().add_done_callback(send_when_ready)
 
     async def connect(self) -> Pipe:
         """The open connection, made now if there is none (raises if that fails)."""
@@ -438,27 +400,17 @@ class Link:
         return await asyncio.shield(self._connection())
 
     def _connection(self) -> asyncio.Task[Pipe]:
-        """The connection attempt under way (started now if none is)."""
-        task = self._connecting
-        if task is None:
-            task = self._connecting = asyncio.get_running_loop().create_task(
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(
                 self._connect(), name=f"aiodlock:{self.label}:connect"
             )
-            # (first, so the pipe is in place before the requests that waited are sent)
-            task.add_done_callback(self._connected)
-        return task
+        return self._connecting
 
     def call(self, data: bytes) -> asyncio.Future[Any]:
         """Send one packed command; the future gets its reply (or failure) as its result."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.send(data, (resolver(future),))
         return future
-
-    def _connected(self, task: asyncio.Task[Pipe]) -> None:
-        if self._connecting is task:
-            self._connecting = None
-        if not task.cancelled() and task.exception() is None:
-            self.pipe = task.result()
 
     async def _connect(self) -> Pipe:
         loop = asyncio.get_running_loop()
@@ -467,26 +419,20 @@ class Link:
             async with asyncio.timeout(self.connect_timeout):
                 target = self.address
                 address = target if isinstance(target, Address) else await target()
-                label, limit, on_push = self.label, self.op_timeout, self.on_push
-
-                def protocol() -> Pipe:
-                    if on_push is None:
-                        return Pipe(label, limit)
-                    return PushPipe(label, limit, on_push)
-
+                protocol = functools.partial(Pipe, self.label, self.op_timeout, self.on_push)
                 if address.path is not None:
                     _, pipe = await loop.create_unix_connection(protocol, address.path)
-                elif address.tls is not None:
+                else:
+                    tls = None if address.tls is None else address.tls()
                     _, pipe = await loop.create_connection(
                         protocol,
                         address.host,
                         address.port,
-                        ssl=address.tls(),
-                        ssl_handshake_timeout=self.connect_timeout,
+                        ssl=tls,
+                        ssl_handshake_timeout=None if tls is None else self.connect_timeout,
                     )
-                else:
-                    _, pipe = await loop.create_connection(protocol, address.host, address.port)
-                await self._handshake(pipe)
+                if self._hellos:
+                    await self._handshake(pipe)
         except BaseException as exc:
             if pipe is not None:
                 pipe.close(NodeConnectionError("the connection attempt failed"))
@@ -495,27 +441,15 @@ class Link:
                     f"no connection within {self.connect_timeout:g} s"
                 ) from exc
             raise
+        finally:
+            self._connecting = None
+        # (in place before the requests that waited for it are sent, by the task's callbacks)
+        self.pipe = pipe
         return pipe
 
     async def _handshake(self, pipe: Pipe) -> None:
-        """AUTH, CLIENT SETNAME, SELECT, load the scripts, the extras: one round trip."""
-        commands: list[bytes] = []
-        if self._password is not None:
-            auth = (self._username, self._password) if self._username else (self._password,)
-            commands.append(pack(b"AUTH", *auth))
-        if self._client_name:
-            commands.append(pack(b"CLIENT", b"SETNAME", self._client_name))
-        if self._db:
-            commands.append(pack(b"SELECT", self._db))
-        commands += [pack(b"SCRIPT", b"LOAD", script.source) for script in self._scripts]
-        own = len(commands)
-        if self._extra is not None:
-            commands += self._extra()
-        if not commands:
-            return
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
-        pipe.send(b"".join(commands), [resolver(f) for f in futures])
+        futures = [asyncio.get_running_loop().create_future() for _ in range(self._hellos)]
+        pipe.send(self._hello, [resolver(f) for f in futures])
         replies = [await f for f in futures]
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -525,8 +459,8 @@ class Link:
                         f"authentication failed, check the username and password: {text}"
                     )
                 raise reply
-        if self._on_extra is not None:
-            self._on_extra(replies[own:])
+        if self._on_hello is not None:
+            self._on_hello(replies)
 
     def eval(self, call: ScriptCall, deliver: OnReply) -> None:
         """Run a script (EVALSHA; EVAL when the server lost it); ``deliver`` gets the reply."""
@@ -546,8 +480,33 @@ class Link:
         else:
             deliver([])
 
+    def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
+        """``call`` and ``wait`` (a WAIT) in one write: ``deliver`` gets ``[reply, acks]``.
+
+        NOTE: after a NOSCRIPT answer the pipe sends the script again behind the WAIT, which
+        then measured nothing of it: the WAIT is sent again once the script answered.
+        """
+        got: list[Any] = []  # the script's answer, or _EARLY when the WAIT's came first
+
+        def script(reply: Any) -> None:
+            if not got:
+                got.append(reply)
+            elif isinstance(reply, BaseException):
+                deliver(reply)
+            else:
+                got[0] = reply
+                self.send(wait, [waited])
+
+        def waited(reply: Any) -> None:
+            if not got:
+                got.append(_EARLY)
+            else:
+                first = got[0]
+                deliver(first if isinstance(first, BaseException) else [first, reply])
+
+        self.send(call.data + wait, [script, waited], [call, None])
+
     def idle(self) -> bool:
-        """No request is waiting for an answer on the current connection."""
         pipe = self.pipe
         return pipe is None or pipe.oldest() is None
 
@@ -563,3 +522,322 @@ class Link:
         if task is not None:
             task.cancel()
         self.drop(NodeConnectionError("the connection was closed"))
+
+
+#: What a release announces to whoever waits (any other message names the one it is for).
+_ANYONE = (b"released", b"next")
+
+
+class Channel:
+    """What the hub knows about one channel."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the WakeupBoard key of its waiters
+        self.wanted = 0  # local waiters
+        self.requested = False  # the last command sent on this connection was SUBSCRIBE
+        self.inflight = 0  # (UN)SUBSCRIBE commands sent and not yet answered
+        self.ready = asyncio.Event()  # subscribed, and no command in flight
+        self.since: float | None = None  # when ``ready`` was last set
+        self.wake = False  # wake every waiter once ready (after a reconnect)
+        self.missed = 0  # messages that found no local waiter to wake
+        self.linger: asyncio.TimerHandle | None = None  # the pending UNSUBSCRIBE
+
+    def set_ready(self, ready: bool) -> None:
+        (self.ready.set if ready else self.ready.clear)()
+        self.since = monotonic() if ready else None
+
+
+class PubSubHub:
+    """One pub/sub connection shared by every waiter of one backend (or Redlock node).
+
+    A channel is subscribed when its first local waiter arrives (which waits, bounded, until
+    the server confirmed it, so a release after its attempt cannot be missed), unsubscribed
+    after the last one left.  A message wakes ONE local waiter.  The connection is PINGed
+    when idle; after a reconnect every waiter of each restored channel is woken.
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        board: WakeupBoard,
+        config: CommonConfig,
+        label: str,
+        secrets: tuple[str, ...],
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        self.link = link
+        link.on_push = self._dispatch
+        self._on_reconnect = on_reconnect
+        self.board, self.label, self._secrets = board, label, secrets
+        self.op_timeout = config.op_timeout
+        self.ping_interval = max(1.0, min(10.0, config.watchdog_ttl / 3))
+        self._channels: dict[bytes, Channel] = {}
+        self._pipe: Pipe | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.linger = 1.0  # seconds a subscription outlives its last local waiter
+        self._served = False  # a connection was made before (so messages may be missed)
+        self.connected = asyncio.Event()
+
+    def is_ready(self, channel: bytes) -> bool:
+        return self.ready_since(channel) is not None
+
+    def ready_since(self, channel: bytes) -> float | None:
+        """Since when ``channel`` is confirmed without interruption, or None."""
+        state = self._channels.get(channel)
+        return None if state is None else state.since
+
+    def channels(self) -> list[bytes]:
+        """Channels this process is subscribed to (or subscribing to) now."""
+        return [ch for ch, st in self._channels.items() if st.wanted]
+
+    async def aclose(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.link.close()
+
+    async def subscribe(self, channel: bytes) -> Channel:
+        """Be subscribed to ``channel`` until :meth:`leave`: once the server confirmed it, or
+        after ``op_timeout`` (the connection is down: the waiter polls).  It lingers ``linger``
+        s after its last waiter left (a task that waits again pays no SUBSCRIBE round trip).
+        If this raises, it left already."""
+        state = self._channels.get(channel)
+        if state is None:
+            state = self._channels[channel] = Channel(channel.decode("latin-1"))
+        state.wanted += 1
+        if state.linger is not None:
+            state.linger.cancel()
+            state.linger = None
+        try:
+            if self._task is None and not self._closed:
+                self._task = asyncio.get_running_loop().create_task(
+                    self._run(), name=f"aiodlock:{self.label}:pubsub"
+                )
+            if not state.requested and self._pipe is not None:
+                state.requested = True
+                state.inflight += 1
+                state.set_ready(False)
+                self._pipe.send(pack(b"SUBSCRIBE", channel), ())
+            if not state.ready.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.op_timeout):
+                        await state.ready.wait()
+        except BaseException:
+            self.leave(channel, state)
+            raise
+        return state
+
+    def leave(self, channel: bytes, state: Channel) -> None:
+        """One local waiter no longer needs ``channel``."""
+        state.wanted -= 1
+        if state.wanted == 0:
+            if state.requested and self._pipe is not None:
+                loop = asyncio.get_running_loop()
+                state.linger = loop.call_later(self.linger, self._unsubscribe, channel, state)
+            elif state.inflight == 0 and self._channels.get(channel) is state:
+                del self._channels[channel]
+
+    def _unsubscribe(self, channel: bytes, state: Channel) -> None:
+        state.linger = None
+        if state.wanted or self._channels.get(channel) is not state:
+            return
+        if state.requested and self._pipe is not None:
+            state.requested = False
+            state.inflight += 1
+            state.missed = 0
+            state.set_ready(False)
+            self._pipe.send(pack(b"UNSUBSCRIBE", channel), ())
+        elif state.inflight == 0:
+            del self._channels[channel]
+
+    async def _run(self) -> None:
+        backoff = Backoff(first=0.02, cap=1.0)
+        link = self.link
+        while not self._closed:
+            try:
+                async with asyncio.timeout(link.connect_timeout + self.op_timeout):
+                    pipe = await link.connect()
+                backoff.reset()
+                await self._serve(pipe)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = describe(exc, self._secrets)
+                log.debug("aiodlock: %s pub/sub connection lost: %s", self.label, reason)
+            finally:
+                self._pipe = None
+                self.connected.clear()
+                for channel, state in list(self._channels.items()):
+                    state.requested = False
+                    state.inflight = state.missed = 0
+                    state.set_ready(False)
+                    if state.linger is not None:
+                        state.linger.cancel()
+                        state.linger = None
+                    if not state.wanted:
+                        del self._channels[channel]
+                link.drop(NodeConnectionError("the pub/sub connection was given up"))
+            await asyncio.sleep(backoff.next())
+
+    async def _serve(self, pipe: Pipe) -> None:
+        # NOTE: no await between collecting the wanted channels and publishing the
+        # connection: a waiter arriving later sends its own SUBSCRIBE on this connection.
+        wanted = self.channels()
+        reconnect, self._served = self._served, True
+        for channel in wanted:
+            state = self._channels[channel]
+            state.requested = True
+            state.inflight = 1
+            # After a reconnect messages may have been missed: wake every waiter once the
+            # channel is back (the first time, they make their attempt right after anyway).
+            state.wake = reconnect
+        self._pipe = pipe
+        if wanted:
+            pipe.send(pack(b"SUBSCRIBE", *wanted), ())
+        self.connected.set()
+        if reconnect and self._on_reconnect is not None:
+            self._on_reconnect()  # (a restart or failover: the command links, too)
+        # (ping_interval after the last thing read, a PING; nothing for op_timeout: give up)
+        sent: float | None = None  # when the unanswered PING went
+
+        def due(now: float) -> float | None:
+            nonlocal sent
+            if sent is not None:
+                if pipe.last < sent:
+                    pipe.close(NodeConnectionError(f"no answer to PING within {self.op_timeout} s"))
+                    return None
+                sent = None
+            if pipe.last + self.ping_interval > now:
+                return pipe.last + self.ping_interval
+            pipe.send(pack(b"PING"), ())
+            sent = now
+            return now + self.op_timeout
+
+        silence = Timer(due)
+        silence.at(monotonic() + self.ping_interval)
+        try:
+            raise await asyncio.shield(pipe.lost)
+        finally:
+            silence.cancel()
+
+    def _dispatch(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind, channel = reply[0], reply[1]
+        state = self._channels.get(channel)
+        if state is None:
+            return
+        if kind == b"message":
+            if not state.requested:
+                return
+            said = reply[2] if len(reply) > 2 else b""
+            if said not in _ANYONE:
+                # The lock is kept for the first waiter in line, whom the message names: wake
+                # it if it waits here (nobody else may take the lock).
+                self.board.wake_tagged(state.key, said)
+            elif not self.board.wake_one(state.key):
+                # Nobody to wake: the next local waiter makes an attempt at once (it may
+                # have made its last one before this release).
+                state.missed += 1
+            return
+        if kind in (b"subscribe", b"unsubscribe"):
+            state.inflight = max(0, state.inflight - 1)
+        if state.inflight:
+            return
+        if kind == b"subscribe" and state.requested:
+            state.set_ready(True)
+            if state.wake:
+                state.wake = False
+                self.board.wake_all(state.key)
+        elif kind == b"unsubscribe" and not state.wanted and not state.requested:
+            del self._channels[channel]
+
+
+class Listening:
+    """The waiter of both Redis backends: a place on the board, then ``channel`` on every
+    hub.  With several hubs (Redlock's nodes) entering waits, at most ``bound`` seconds, until
+    ``need`` of them confirmed the channel: a holder's release reaches a majority, so one of
+    its messages then reaches us (polling covers what the others miss).  ``tag`` names the
+    waiter in a message that calls it alone."""
+
+    __slots__ = ("_board", "_channel", "_entered", "_entering", "_hubs", "_slot", "_with")
+
+    def __init__(
+        self,
+        board: WakeupBoard,
+        hubs: Sequence[PubSubHub],
+        channel: bytes,
+        tag: object,
+        backoff: Backoff,
+        *,
+        need: int = 1,
+        bound: float = 0.0,
+        listen: bool = True,
+    ) -> None:
+        self._board, self._hubs, self._channel = board, hubs, channel
+        self._slot: Slot | None = None
+        self._with = (tag, backoff, need, bound, listen)
+        #: (hub, its channel state) subscribed, and (hub, task) still subscribing
+        self._entered: list[tuple[PubSubHub, Channel]] = []
+        self._entering: list[tuple[PubSubHub, asyncio.Task[Channel]]] = []
+
+    async def __aenter__(self) -> BoardWaiter:
+        channel, hubs = self._channel, self._hubs
+        tag, backoff, need, bound, listen = self._with
+        slot = self._slot = self._board.add(channel.decode("latin-1"), tag)
+        try:
+            for hub in hubs:
+                if len(hubs) == 1 or hub.is_ready(channel):
+                    # (at once when already subscribed; else bounded by op_timeout)
+                    self._entered.append((hub, await hub.subscribe(channel)))
+                else:
+                    task = asyncio.get_running_loop().create_task(hub.subscribe(channel))
+                    self._entering.append((hub, task))
+            if self._entering:
+                await self._confirmed(need, bound)
+        except BaseException:
+            self._leave()
+            raise
+        for _, state in self._entered:
+            if state.missed and listen:
+                # A release came while no local waiter listened: try again at once.  (A
+                # waiter that polls anyway, Redlock's, does not: each node announces it.)
+                state.missed = 0
+                slot.event.set()
+        one = hubs[0]
+        ready = functools.partial(one.is_ready, channel) if len(hubs) == 1 and listen else None
+        waiter = BoardWaiter(slot, backoff, ready)
+        since = sorted(t for t in (hub.ready_since(channel) for hub in hubs) if t is not None)
+        waiter.listening_since = since[need - 1] if len(since) >= need else None
+        return waiter
+
+    async def _confirmed(self, need: int, bound: float) -> None:
+        """Until ``need`` hubs confirmed the channel (or every subscription ended)."""
+        deadline = monotonic() + bound
+        pending = {task for _, task in self._entering}
+        while pending and sum(hub.is_ready(self._channel) for hub in self._hubs) < need:
+            left = deadline - monotonic()
+            if left <= 0:
+                return
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        channel = self._channel
+        for hub, state in self._entered:
+            hub.leave(channel, state)
+        for hub, task in self._entering:
+            if not task.done():
+                task.cancel()  # (a cancelled subscribe leaves by itself)
+            elif not task.cancelled() and task.exception() is None:
+                hub.leave(channel, task.result())
+        if self._slot is not None:
+            self._board.remove(self._slot)

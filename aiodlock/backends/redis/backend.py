@@ -1,16 +1,14 @@
-"""RedisBackend: ``redis://``, ``rediss://``, ``unix://``, Sentinel and Cluster.
-
-Every call is ONE round trip on a pipelined :class:`~._wire.Link` (a NOSCRIPT answer costs
-a second one, sent by the pipe itself), bounded by ``op_timeout`` through the link's own
-timer; which link is the deployment's business (:class:`~._node.Links`).
+"""RedisBackend (``redis://``, ``rediss://``, ``unix://``, Sentinel, Cluster), and what
+Redlock shares with it.  Every call is ONE round trip on a pipelined :class:`~._wire.Link`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 import anyio
 
@@ -18,38 +16,96 @@ from ..._errors import BackendError
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
-from ._deployments import Settings, connect_deployment, parse_settings
-from ._node import (
-    TRANSIENT_REPLIES,
-    GrantData,
-    Links,
-    ServerLinks,
-    TransientReply,
-    abandon_call,
-    acquire_call,
-    force_release_call,
-    ms,
-    release_calls,
-    status_call,
-    transfer_template,
+from ._deployments import Links, ServerLinks, Settings, connect_deployment, parse_settings
+from ._scripts import (
+    ABANDON,
+    ACQUIRE,
+    ACQUIRE_FAIR,
+    FORCE_RELEASE,
+    RELEASE,
+    RELEASE_TRANSFER,
+    RENEW,
+    STATUS,
+    LockKeys,
+    key_table,
+    memo,
 )
-from ._pubsub import Listening, PubSubHub
-from ._scripts import ACQUIRE_FAIR, RENEW, LockKeys, Memo, key_table
-from ._wire import CallTemplate, Link, ReplyError, ScriptCall, pack, resolver, wire_error
+from ._wire import (
+    CallTemplate,
+    Link,
+    Listening,
+    PubSubHub,
+    ReplyError,
+    ScriptCall,
+    pack,
+    resolver,
+    wire_error,
+)
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
     from ..._url import ParsedURL
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
-class RedisBackend(Backend):
+#: Error replies that time cures: a server loading its data after a restart, read-only or
+#: down while a failover runs, a Cluster slot moving (marked transient when translated).
+TRANSIENT_REPLIES: Final = ("LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+
+
+class TransientReply(ReplyError):
+    pass
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000 + 0.5))
+
+
+@dataclasses.dataclass(slots=True)
+class GrantData:
+    """What a grant needs to be renewed and released."""
+
+    keys: LockKeys
+    token: str
+
+
+class KeyedBackend(Backend, Generic[S]):
+    """What both Redis backends share: their settings, keys, and the hot calls packed once
+    (an owner's attempts and releases repeat them)."""
+
+    def __init__(self, settings: S, config: CommonConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self._keys = key_table(config.namespace)
+        self._acquire_calls: Callable[[tuple[LockKeys, str, int]], ScriptCall] = memo(
+            lambda index: ScriptCall(ACQUIRE, index[0].every, index[1:])
+        )
+        self._release_calls: Callable[[tuple[LockKeys, str]], tuple[CallTemplate, ScriptCall]]
+        self._release_calls = memo(release_calls)
+
+    def keys_for(self, name: str) -> LockKeys:
+        """The keys and channels of lock ``name`` in this backend's namespace."""
+        return self._keys(name)
+
+    def abandon_call(self, keys: LockKeys, owner: str) -> ScriptCall:
+        return ScriptCall(ABANDON, keys.line, (owner, keys.channel, keys.waiter_prefix))
+
+    def force_release_call(self, name: str) -> ScriptCall:
+        keys = self._keys(name)
+        return ScriptCall(FORCE_RELEASE, keys.line, (keys.channel, keys.waiter_prefix))
+
+    def status_call(self, name: str) -> ScriptCall:
+        keys = self._keys(name)
+        return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
+
+
+class RedisBackend(KeyedBackend[Settings]):
     """Locks on one Redis server, a Sentinel-managed master or a Redis Cluster.
 
     ``sync_replicas=N`` sends ``WAIT N sync_timeout`` after the acquire script in the same
-    write: a grant that fewer than N replicas acknowledged in time is released again and
-    reported as a :class:`~aiodlock.BackendError`.  See ``docs/backends/redis.md``.
+    write: a grant fewer replicas acknowledged in time is released again (a BackendError).
     """
 
     backend_name = "redis"
@@ -62,29 +118,20 @@ class RedisBackend(Backend):
     )
 
     def __init__(self, settings: Settings, config: CommonConfig) -> None:
-        self.settings = settings
-        self.config = config
+        super().__init__(settings, config)
         #: How long a place in line (a fair or urgent waiter's) is kept without a new
         #: attempt: as long as a lease (the waiter asks again every third of it).
         self._lease_waiter_ms = ms(config.watchdog_ttl)
-        self._keys = key_table(config.namespace)
         self._closing: Callable[[], None] = lambda: None
         self._links: Links | None = None
         self._hub: PubSubHub | None = None
         #: The local waiters by channel, woken by the hub one at a time.
         self.board = WakeupBoard()
-        secrets = (settings.password or "", settings.sentinel_password or "")
-        self._secrets = tuple(s for s in secrets if s)
+        self._secrets = tuple(s for s in (settings.password, settings.sentinel_password) if s)
         self.sync_replicas = settings.sync_replicas
         self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
-        #: The hot calls, packed once (an owner's attempts and releases repeat them).
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
-        self._transfer_calls: Memo[tuple[LockKeys, str, str, int], CallTemplate] = Memo(
-            transfer_template
-        )
+        self._transfer_calls: Callable[[tuple[LockKeys, str, str, int]], CallTemplate]
+        self._transfer_calls = memo(transfer_template)
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -96,7 +143,8 @@ class RedisBackend(Backend):
     @property
     def links(self) -> Links:
         """Where the deployment's commands go (after :meth:`open`)."""
-        return _opened(self._links)
+        links = self._links
+        return _opened(links) if links is None else links
 
     @property
     def link(self) -> Link | None:
@@ -117,13 +165,7 @@ class RedisBackend(Backend):
         links, hub_link, self._closing = connect_deployment(self.settings, self.config)
         self._links = links
         self._hub = PubSubHub(
-            hub_link,
-            self.board,
-            op_timeout=self.config.op_timeout,
-            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
-            label="redis",
-            secrets=self._secrets,
-            on_reconnect=links.reset,
+            hub_link, self.board, self.config, "redis", self._secrets, links.reset
         )
         try:  # (the servers answer, and we may talk to them)
             async with asyncio.timeout(self.config.connect_timeout):
@@ -139,8 +181,6 @@ class RedisBackend(Backend):
         if links is not None:
             links.close()
         self._closing()
-
-    # -- sending and answers ---------------------------------------------------------------
 
     def _error(self, exc: BaseException, what: str) -> BaseException:
         """``exc`` (a failed call's outcome) as aiodlock reports it."""
@@ -165,12 +205,6 @@ class RedisBackend(Backend):
     def _run(self, call: ScriptCall) -> Awaitable[Any]:
         return self._finish(self._start(call), call.script.name)
 
-    # -- the protocol ----------------------------------------------------------------------
-
-    def keys_for(self, name: str) -> LockKeys:
-        """The keys and channels of lock ``name`` in this backend's namespace."""
-        return self._keys(name)
-
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl
         keys = self._keys(name)
@@ -178,17 +212,9 @@ class RedisBackend(Backend):
         urgent = request.urgent and will_wait and not request.fair
         started = monotonic()
         if request.fair or urgent:
-            call = ScriptCall(
-                ACQUIRE_FAIR,
-                (keys.lock, keys.counter, keys.queue, keys.deadlines),
-                (
-                    owner,
-                    ms(ttl),
-                    self._lease_waiter_ms,
-                    b"1" if will_wait else b"0",
-                    b"1" if urgent else b"0",
-                ),
-            )
+            flags = (b"1" if will_wait else b"0", b"1" if urgent else b"0")
+            args = (owner, ms(ttl), self._lease_waiter_ms, *flags)
+            call = ScriptCall(ACQUIRE_FAIR, keys.every, args)
         else:
             call = self._acquire_calls((keys, owner, ms(ttl)))
         # The script answers the token (>= 1) if granted; else -1 - ms until a retry may be
@@ -231,8 +257,7 @@ class RedisBackend(Backend):
         own, and demanding acknowledgements would lose every lease the failover kept."""
         if not grants:
             return []
-        started = monotonic()
-        lease_ms = ms(ttl)
+        started, lease_ms = monotonic(), ms(ttl)
         calls = [
             ScriptCall(RENEW, (_data(g).keys.lock,), (g.owner, _data(g).token, lease_ms))
             for g in grants
@@ -273,23 +298,19 @@ class RedisBackend(Backend):
         return value < 0
 
     async def abandon(self, request: Request) -> None:
-        await self._run(abandon_call(self.keys_for(request.name), request.owner))
+        await self._run(self.abandon_call(self.keys_for(request.name), request.owner))
 
     async def status(self, name: str) -> LockStatus | None:
-        reply = await self._run(status_call(self.keys_for(name)))
+        reply = await self._run(self.status_call(name))
         if not reply:
             return None
-        owner, token, pttl, waiters = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
-        return LockStatus(
-            name,
-            owner.decode("utf-8", "surrogateescape"),
-            token,
-            pttl / 1000 if pttl >= 0 else None,
-            waiters if waiters >= 0 else None,
-        )
+        token, pttl, waiters = map(int, reply[1:4])
+        left = pttl / 1000 if pttl >= 0 else None
+        owner = reply[0].decode("utf-8", "surrogateescape")
+        return LockStatus(name, owner, token, left, waiters if waiters >= 0 else None)
 
     async def force_release(self, name: str) -> bool:
-        return bool(await self._run(force_release_call(self.keys_for(name))) == 1)
+        return bool(await self._run(self.force_release_call(name)) == 1)
 
 
 def _opened(thing: T | None) -> T:
@@ -307,3 +328,19 @@ def _data(grant: Grant) -> GrantData:
     if not isinstance(data, GrantData):
         raise TypeError(f"not a redis grant: {grant!r}")
     return data
+
+
+def transfer_template(index: tuple[LockKeys, str, str, int]) -> CallTemplate:
+    """RELEASE_TRANSFER of ``(keys, releasing owner, receiving owner, lease ms)``, packed
+    but for the releaser's token."""
+    keys, owner, receiver, lease_ms = index
+    a = (owner, "", receiver, lease_ms, keys.channel, keys.waiter_prefix)
+    return CallTemplate(RELEASE_TRANSFER, keys.every, a, 1)
+
+
+def release_calls(index: tuple[LockKeys, str]) -> tuple[CallTemplate, ScriptCall]:
+    """RELEASE of ``(keys, owner)`` packed but for the token, and with '' (any token)."""
+    keys, owner = index
+    a = (owner, "", keys.channel, keys.waiter_prefix)
+    template = CallTemplate(RELEASE, keys.line, a, 1)
+    return template, template.fill("")

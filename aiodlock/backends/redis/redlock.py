@@ -1,17 +1,12 @@
 """``redlock://h1:6379,h2:6379,h3:6379``: Redlock over N independent Redis masters.
 
-Each master keeps the data and runs the scripts of a plain ``redis://`` lock; this module
-adds the quorum.  An attempt asks every node at once (each answer awaited at most
-``node_timeout``): the lock is held when a majority said yes within the ttl, valid until
-``start + ttl - drift`` (``drift = ttl * drift_factor + 2 ms``); otherwise it is undone on
-every node that did not say no, and a split vote pauses the owner for a random time of at
-most ``retry_delay``.  The fencing token is the largest of the granting nodes' counters
-(the lagging ones are raised to it on a majority first).  With ``rejoin_delay``, a node
-that lost its data counts only that long after it was first seen empty.  Every node is one
-pipelined :class:`~._wire.Link` (an attempt's clean-up never overtakes it) and one
-:class:`~._pubsub.PubSubHub`; the local turns of this process's tasks are the core's.
-
-See ``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
+Each master keeps the data and runs the scripts of a plain ``redis://`` lock.  An attempt
+asks every node at once (each answer awaited at most ``node_timeout``): the lock is held
+when a majority said yes within the ttl, valid until ``start + ttl - drift``; otherwise it
+is undone on every node that did not say no, and a split vote pauses the owner for a random
+time of at most ``retry_delay``.  The fencing token is the largest of the granting nodes'
+counters (the lagging ones are raised to it on a majority first).  See
+``docs/backends/redlock.md`` for the guarantees and, above all, what is not safe.
 """
 
 from __future__ import annotations
@@ -27,13 +22,11 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
-from .._base import Backend
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._node import abandon_call, acquire_call, force_release_call, ms, release_calls, status_call
-from ._pubsub import Listening, PubSubHub
-from ._quorum import Node, Outcome, Quorum, Votes, acquire_reply, answered
-from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys, Memo, key_table
-from ._wire import Address, CallTemplate, Link, OnReply, ScriptCall, pack
+from ._quorum import Node, Outcome, Quorum, Votes, answered
+from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
+from ._wire import Address, Link, Listening, OnReply, PubSubHub, ScriptCall, hello, pack
+from .backend import KeyedBackend, ms
 
 if TYPE_CHECKING:
     from ..._types import CommonConfig, LostCallback
@@ -53,15 +46,13 @@ DRIFT_FLOOR: Final = 0.002
 @dataclasses.dataclass(slots=True)
 class GrantData:
     keys: LockKeys
-    #: node index -> the token that node granted (its own INCR); ``ballot.tokens``
+    #: node index -> the token that node granted: the acquire's ballot's, which a node that
+    #: grants after the vote still joins (its release and renewals then send that token)
     tokens: dict[int, int]
-    #: the lease's token (the largest of them)
-    token: int
-    #: the acquire's ballot (its replies still come in after the grant)
-    ballot: Votes
+    token: int  # the lease's token (the largest of them)
 
 
-class RedlockBackend(Backend):
+class RedlockBackend(KeyedBackend[RedlockSettings]):
     """Redlock: a lock is held when a majority of N independent Redis masters granted it."""
 
     backend_name = "redlock"
@@ -69,8 +60,7 @@ class RedlockBackend(Backend):
     capabilities = Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS
 
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
-        self.settings = settings
-        self.config = config
+        super().__init__(settings, config)
         self.quorum = len(settings.hosts) // 2 + 1
         self._nodes: list[Node] = []
         #: Per node, from when its votes count; None while every node counts (rejoin_delay)
@@ -79,17 +69,9 @@ class RedlockBackend(Backend):
         self.board = WakeupBoard(single=True)
         #: The rejoin marker (see REJOIN), one per namespace and node.
         self.marker = config.namespace.encode() + b":redlock:rejoin"
-        every = (settings.password, *(settings.passwords or ()))
-        self.secrets = tuple(p for p in every if p)
+        self.secrets = tuple(p for p in (settings.password, *(settings.passwords or ())) if p)
         self._patience = self.node_timeout(config.watchdog_ttl)
         self.fan = Quorum(self.quorum, self.secrets)
-        self._keys = key_table(config.namespace)
-        #: (keys, owner, lease ms) -> the ACQUIRE call, packed once (an owner re-acquires)
-        self._acquire_calls: Memo[tuple[LockKeys, str, int], ScriptCall] = Memo(acquire_call)
-        #: (keys, owner) -> the RELEASE call, packed but for the token (it differs per node)
-        self._release_calls: Memo[tuple[LockKeys, str], tuple[CallTemplate, ScriptCall]] = Memo(
-            release_calls
-        )
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -117,44 +99,27 @@ class RedlockBackend(Backend):
 
     def _build_node(self, index: int, host: str, port: int) -> Node:
         s = self.settings
-        password = s.password if s.passwords is None else s.passwords[index]
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        node = Node(index, address, self.secrets)
+        auth = hello(s.username, s.password if s.passwords is None else s.passwords[index], s.db)
+        address = Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None)
+        node = Node(index, str(address), self.secrets)
         link = functools.partial(
             Link,
             node.label,
-            Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None),
+            address,
             connect_timeout=self.config.connect_timeout,
             op_timeout=self.config.op_timeout,
-            username=s.username,
-            password=password,
-            db=s.db,
         )
+        # (with rejoin_delay, every new connection asks the REJOIN script when it counts)
+        rejoin = [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(s.rejoin_delay))]
         node.link = link(
-            scripts=REDLOCK_SCRIPTS,
-            extra=self._rejoin_check if s.rejoin_delay > 0 else None,
-            on_extra=functools.partial(self._rejoined, node),
+            hello=[*auth, *hello(scripts=REDLOCK_SCRIPTS), *(rejoin if s.rejoin_delay else ())],
+            on_hello=functools.partial(self._rejoined, node) if s.rejoin_delay else None,
         )
-        # The node's pub/sub connection: the same transport, in subscribe mode.
-        pubsub = link()
-        node.hub = PubSubHub(
-            pubsub,
-            self.board,
-            op_timeout=self.config.op_timeout,
-            ping_interval=max(1.0, min(10.0, self.config.watchdog_ttl / 3)),
-            label=node.label,
-            secrets=self.secrets,
-        )
+        node.hub = PubSubHub(link(hello=auth), self.board, self.config, node.label, self.secrets)
         return node
-
-    def _rejoin_check(self) -> list[bytes]:
-        """The handshake's extra command with ``rejoin_delay``: the REJOIN script."""
-        return [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(self.settings.rejoin_delay))]
 
     def _rejoined(self, node: Node, replies: list[Any]) -> None:
         """The REJOIN script's answer: from when ``node``'s votes count."""
-        if not replies:
-            return
         left = replies[-1] if isinstance(replies[-1], int) else 0
         node.counts_after = monotonic() + max(0, left) / 1000
         delayed = [n.counts_after for n in self._nodes]
@@ -211,17 +176,10 @@ class RedlockBackend(Backend):
         for node in nodes:
             await node.hub.aclose()
 
-    def keys_for(self, name: str) -> LockKeys:
-        """The keys and channels of lock ``name`` (the same on every node)."""
-        return self._keys(name)
-
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        keys = self.keys_for(request.name)
-        nodes = self.nodes
-        owner = request.owner
-        ttl = request.ttl
+        keys, nodes, quorum = self.keys_for(request.name), self.nodes, self.quorum
+        owner, ttl = request.owner, request.ttl
         timeout = self.node_timeout(ttl)
-        quorum = self.quorum
         started = monotonic()
         ballot = Votes(len(nodes), quorum, acquire=True, after=self._after)
         # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
@@ -237,25 +195,20 @@ class RedlockBackend(Backend):
                 keys, tokens, token, timeout
             )
             if level and monotonic() - started + drift < ttl:
-                # NOTE: the ballot's own tokens: a node that grants after the vote adds its
-                # token there, and the release and renewals then send it that token.
-                data = GrantData(keys, tokens, token, ballot)
+                data = GrantData(keys, tokens, token)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
         busy_pttls: list[int] = []
         busy_nodes: set[int] = set()
-        failed = 0
-        broken = 0
+        failed = broken = 0
         for node, outcome in zip(nodes, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 failed += 1
                 if not isinstance(outcome, TimeoutError):
                     broken += 1
-            else:
-                granted, value = acquire_reply(outcome)
-                if not granted:
-                    busy_nodes.add(node.index)
-                    busy_pttls.append(value)
+            elif outcome < 1:  # (-1 - ms left on the holder's lease, or 0: no expiry)
+                busy_nodes.add(node.index)
+                busy_pttls.append(-1 - outcome)
         # Not held: undo it wherever it may have been set (every node that did not say no).
         # NOTE: on each node the undo runs after the attempt (same connection, in order),
         # even where the attempt's answer is still on its way.
@@ -289,20 +242,13 @@ class RedlockBackend(Backend):
     async def _raise_counters(
         self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
     ) -> bool:
-        """Raise the lagging counters of the granting nodes to ``token``.
-
-        True when a majority of counted nodes is then at ``token`` or above, so every later
-        grant (whose majority shares a node with this one) gets a larger token.
-        """
+        """Raise the lagging counters of the granting nodes to ``token``: True when a majority
+        of counted nodes is then at ``token`` or above, so every later grant (whose majority
+        shares a node with this one) gets a larger token."""
         nodes = self.nodes
         lagging = [nodes[i] for i, t in tokens.items() if t < token]
         call = ScriptCall(RAISE_COUNTER, (keys.counter,), (token,))
-        outcomes = await self.fan(
-            lagging,
-            call,
-            what="raise the fencing counter",
-            timeout=timeout,
-        )
+        outcomes = await self.fan(lagging, call, what="raise the fencing counter", timeout=timeout)
         now = monotonic()
         level = sum(1 for i, t in tokens.items() if t >= token and nodes[i].counts(now))
         for node, outcome in zip(lagging, outcomes, strict=True):
@@ -314,7 +260,7 @@ class RedlockBackend(Backend):
         """Remove ``owner``'s keys from ``nodes``, all at once."""
         return await self.fan(
             nodes,
-            abandon_call(keys, owner),
+            self.abandon_call(keys, owner),
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -338,11 +284,8 @@ class RedlockBackend(Backend):
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:
             return []
-        nodes = self.nodes
+        nodes, quorum, lease_ms = self.nodes, self.quorum, ms(ttl)
         data = [grant_data(g) for g in grants]
-        lease_ms = ms(ttl)
-        quorum = self.quorum
-        n = len(nodes)
 
         @functools.cache
         def call(i: int, token: int | str) -> ScriptCall:
@@ -352,16 +295,12 @@ class RedlockBackend(Backend):
             return [call(i, d.tokens.get(node.index, "")) for i, d in enumerate(data)]
 
         def tally(outcomes: list[Any], now: float) -> tuple[list[int], list[int]]:
-            yes = [0] * len(grants)
-            unknown = [0] * len(grants)
+            yes = unknown = [0] * len(grants)
             for node, outcome in zip(nodes, outcomes, strict=True):
                 if not isinstance(outcome, list):  # failed, or no answer (yet)
-                    for i in range(len(grants)):
-                        unknown[i] += 1
+                    unknown = [u + 1 for u in unknown]
                 elif node.counts(now):
-                    for i, ok in enumerate(outcome):
-                        if ok == 1:
-                            yes[i] += 1
+                    yes = [y + (ok == 1) for y, ok in zip(yes, outcome, strict=True)]
             return yes, unknown
 
         def decided(replies: list[Any]) -> bool:
@@ -386,7 +325,7 @@ class RedlockBackend(Backend):
         if undecided:
             raise BackendError(
                 f"redlock: renewing {undecided} of {len(grants)} lease(s) reached fewer than "
-                f"{quorum} of {n} nodes: {self.fan.errors(outcomes)}"
+                f"{quorum} of {len(nodes)} nodes: {self.fan.errors(outcomes)}"
             )
         return results
 
@@ -399,20 +338,13 @@ class RedlockBackend(Backend):
         if not nodes or not isinstance(d, GrantData):
             return self._release_failed(grant)
         template, anyone = self._release_calls((d.keys, grant.owner))
-        tokens = d.tokens
-        token = d.token
-        common = template.fill(token)
+        tokens, common = d.tokens, template.fill(d.token)
         request: ScriptCall | list[ScriptCall] = common
-        if len(tokens) < len(nodes) or d.ballot.mixed:
-            request = []
-            for index in range(len(nodes)):
-                mine = tokens.get(index)
-                if mine is None:
-                    request.append(anyone)  # (it may have granted after the vote: any token)
-                elif mine == token:
-                    request.append(common)
-                else:
-                    request.append(template.fill(mine))  # (a lagging counter, raised since)
+        if len(tokens) < len(nodes) or len(set(tokens.values())) > 1:
+            # (a node without a token may have granted after the vote: any token of ours;
+            # one whose counter lagged, raised since, has its own)
+            calls = {t: common if t == d.token else template.fill(t) for t in tokens.values()}
+            request = [calls[tokens[i]] if i in tokens else anyone for i in range(len(nodes))]
         tally = Votes(len(nodes), self.quorum, acquire=False)
         self.fan.start(nodes, request, tally)
         return self._finish_release(grant, tally)
@@ -445,7 +377,7 @@ class RedlockBackend(Backend):
             )
 
     async def status(self, name: str) -> LockStatus | None:
-        call = status_call(self.keys_for(name))
+        call = self.status_call(name)
         outcomes = await self._majority(call, "status", self.config.op_timeout)
         holders: dict[str, list[tuple[int, int]]] = {}
         for outcome in outcomes:
@@ -463,7 +395,7 @@ class RedlockBackend(Backend):
         return None
 
     async def force_release(self, name: str) -> bool:
-        call = force_release_call(self.keys_for(name))
+        call = self.force_release_call(name)
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
 

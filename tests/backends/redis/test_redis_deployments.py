@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock._types import Grant, Request
-from aiodlock.backends.redis._cluster import ClusterLinks
+from aiodlock.backends.redis._deployments import ClusterLinks
 from tests.servers import ClusterDeployment, SentinelDeployment
 
 from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, writes

@@ -11,9 +11,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
 import aiodlock
-from aiodlock.backends.redis._cluster import ClusterLinks
-from aiodlock.backends.redis._deployments import connect_deployment
-from aiodlock.backends.redis._node import ServerLinks
+from aiodlock.backends.redis._deployments import ClusterLinks, ServerLinks, connect_deployment
 from aiodlock.backends.redis._scripts import RELEASE, LockKeys
 from aiodlock.backends.redis._wire import Address, CallTemplate, Link, ScriptCall, pack
 

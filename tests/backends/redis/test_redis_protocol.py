@@ -15,8 +15,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock._types import Busy, Grant, Request
-from aiodlock.backends.redis._deployments import connect_deployment
-from aiodlock.backends.redis._node import ServerLinks
+from aiodlock.backends.redis._deployments import ServerLinks, connect_deployment
 from aiodlock.backends.redis._scripts import ALL_SCRIPTS, LockKeys, escape_name
 from tests.helpers import make_tls_certs, tls_server_args
 from tests.servers import RedisServer, free_port
