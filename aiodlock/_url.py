@@ -37,9 +37,7 @@ class ParsedURL:
         """The URL with the password and secret options as ``***`` (for logs and errors)."""
         auth = (self.username or "") + (":***" if self.password is not None else "")
         auth += "@" if auth else ""  # (parse_url leaves no empty user name)
-        hosts = ",".join(
-            (f"[{h}]" if ":" in h else h) + ("" if p is None else f":{p}") for h, p in self.hosts
-        )
+        hosts = ",".join(format_host(h, p) for h, p in self.hosts)
         query = "&".join(f"{k}={'***' if is_secret(k) else v}" for k, v in self.query.items())
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")
 
@@ -50,6 +48,12 @@ class ParsedURL:
 
     def host_list(self, default_port: int) -> list[tuple[str, int]]:
         return [(h, p if p is not None else default_port) for h, p in self.hosts]
+
+
+def format_host(host: str, port: int | None) -> str:
+    """``host:port`` as a URL writes it (an IPv6 address in brackets)."""
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
 
 
 _ENCODE = (
@@ -129,8 +133,8 @@ def _parse_host(part: str, scheme: str) -> tuple[str, int | None]:
 _MISSING: Any = object()
 
 
-def _bad(name: str, what: str, value: object, secret: bool = False) -> ConfigurationError:
-    shown = "***" if secret or is_secret(name) else repr(value)
+def _bad(name: str, what: str, value: object) -> ConfigurationError:
+    shown = "***" if is_secret(name) else repr(value)
     return ConfigurationError(f"option {name!r} {what}, got {shown}")
 
 
@@ -202,10 +206,8 @@ def take_bool(options: MutableMapping[str, Any], name: str, default: bool) -> bo
     raise _bad(name, "needs true or false", value)
 
 
-def take_str(
-    options: MutableMapping[str, Any], name: str, default: str | None, *, secret: bool = False
-) -> str | None:
+def take_str(options: MutableMapping[str, Any], name: str, default: str | None) -> str | None:
     value = options.pop(name, default)
     if value is None or isinstance(value, str):
         return value
-    raise _bad(name, "needs a string", value, secret)
+    raise _bad(name, "needs a string", value)

@@ -69,9 +69,9 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
     s = Settings(
         mode="unix" if base == "unix" else _MODES.get(variant, "server"),
         tls=base == "rediss",
-        password=take_str(options, "password", url.password, secret=True),
+        password=take_str(options, "password", url.password),
         username=take_str(options, "username", url.username),
-        sentinel_password=take_str(options, "sentinel_password", None, secret=True),
+        sentinel_password=take_str(options, "sentinel_password", None),
         sentinel_username=take_str(options, "sentinel_username", None),
         client_name=take_str(options, "client_name", None),
         sync_replicas=take_int(options, "sync_replicas", 0, minimum=0, maximum=100),
@@ -587,7 +587,7 @@ def parse_redlock_settings(
     s = RedlockSettings(
         hosts=hosts,
         db=db_from_path(url.path),
-        password=take_str(options, "password", url.password, secret=True),
+        password=take_str(options, "password", url.password),
         passwords=take_passwords(options, len(hosts)),
         username=take_str(options, "username", url.username),
         node_timeout=take_float(options, "node_timeout", None, allow_zero=False, allow_none=True),

@@ -22,7 +22,7 @@ import hiredis
 
 from ..._errors import BackendTimeout, describe, translating
 from ..._types import monotonic
-from ..._url import _format_host
+from ..._url import format_host
 from ..._wakeup import Backoff, BoardWaiter, Slot, Timer, WakeupBoard
 from ._scripts import Script, memo
 
@@ -295,7 +295,7 @@ class Address:
     tls: Callable[[], ssl.SSLContext] | None = dataclasses.field(default=None, repr=False)
 
     def __str__(self) -> str:
-        return self.path if self.path is not None else _format_host(self.host, self.port)
+        return self.path if self.path is not None else format_host(self.host, self.port)
 
 
 #: Where a link connects: an address, or what finds it anew for every connection (the

@@ -115,7 +115,7 @@ class ZooKeeperBackend(Backend):
         self.hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
         self.chroot = parse_chroot(url.path)
         self.username = take_str(options, "username", url.username)
-        password = take_str(options, "password", url.password, secret=True)
+        password = take_str(options, "password", url.password)
         if (self.username is None) != (password is None):
             raise ConfigurationError(
                 "ZooKeeper digest authentication needs both a user name and a password "
