@@ -330,14 +330,13 @@ class ClusterLinks:
     def masters(self) -> list[Address]:
         return [a for a in dict.fromkeys(self._slots) if a is not None]
 
-    def eval(self, call: ScriptCall, deliver: OnReply) -> None:
-        self._send(call, deliver, 0, None)
-
-    def _send(self, call: ScriptCall, deliver: OnReply, hops: int, asking: Address | None) -> None:
+    def eval(
+        self, call: ScriptCall, deliver: OnReply, hops: int = 0, asking: Address | None = None
+    ) -> None:
         answered = functools.partial(self._answered, call, deliver, hops)
-        if asking is not None:
+        if asking is not None:  # (the answer to ASKING is ignored)
             data = pack(b"ASKING") + call.data
-            self.link_to(asking).send(data, [_ignore, answered], [None, call])
+            self.link_to(asking).send(data, [lambda _: None, answered], [None, call])
             return
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
@@ -357,9 +356,9 @@ class ClusterLinks:
                 if kind == "MOVED":
                     self._slots[int(slot)] = address
                     self.reset()
-                    self._send(call, deliver, hops + 1, None)
+                    self.eval(call, deliver, hops + 1)
                 else:
-                    self._send(call, deliver, hops + 1, address)
+                    self.eval(call, deliver, hops + 1, address)
                 return
             if text.startswith("CLUSTERDOWN"):
                 self.reset()
@@ -368,9 +367,6 @@ class ClusterLinks:
         deliver(reply)
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
-        if not calls:
-            deliver([])
-            return
         collect = collector(len(calls), deliver)
         groups: dict[Address | None, list[int]] = {}
         for index, call in enumerate(calls):
@@ -378,7 +374,7 @@ class ClusterLinks:
         for address, indexes in groups.items():
             if address is None:
                 for index in indexes:
-                    self._send(calls[index], collect[index], 0, None)
+                    self.eval(calls[index], collect[index])
                 continue
             callbacks: list[OnReply] = [
                 functools.partial(self._answered, calls[i], collect[i], 0) for i in indexes
@@ -389,7 +385,7 @@ class ClusterLinks:
     def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
         address = self._slots[key_slot(call.keys[0])]
         if address is None:
-            self._send(call, deliver, 0, None)  # (answers: no master known)
+            self.eval(call, deliver)  # (answers: no master known)
             return
         link = self.link_to(address, "redis (WAIT)")
 
@@ -423,19 +419,19 @@ class ClusterLinks:
             link.close()
 
 
-def _ignore(reply: Any) -> None:
-    pass  # (the answer to ASKING)
-
-
 class ServerLinks:
     """Where a deployment's commands go (each method sends at once), on one server (plain,
     Unix socket, TLS, or the master a Sentinel names): ONE link for every command, and one
-    more, made on first use, for grants that ``WAIT`` (it blocks its connection)."""
+    more, made on first use, for grants that ``WAIT`` (it blocks its connection).  It closes
+    the ``sentinels``' links, too."""
 
-    def __init__(self, link: Link, make_wait_link: Any = None) -> None:
+    def __init__(
+        self, link: Link, make_wait_link: Callable[[], Link], sentinels: Sequence[Link] = ()
+    ) -> None:
         self.link = link
         self._make_wait_link = make_wait_link
         self._wait_link: Link | None = None
+        self._sentinels = sentinels
         # NOTE: the link's own methods, not wrappers: the hot path pays no extra call.
         self.eval = link.eval
         self.eval_many = link.eval_many
@@ -456,36 +452,29 @@ class ServerLinks:
                 link.drop(ConnectionError("the server may have changed"))
 
     def close(self) -> None:
-        self.link.close()
-        if self._wait_link is not None:
-            self._wait_link.close()
+        for link in (self.link, self._wait_link, *self._sentinels):
+            if link is not None:
+                link.close()
 
 
 #: Where a deployment's commands go.
 Links: TypeAlias = ServerLinks | ClusterLinks
 
 
-def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, Callable[[], None]]:
-    """The command links of the deployment, the link for its pub/sub connection and what
-    closes whatever else was made (the sentinels' links)."""
+def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link]:
+    """The command links of the deployment and the link for its pub/sub connection."""
     tls = ssl_context_factory(s.ssl) if s.tls else None
     own = hello(s.username, s.password, s.db, s.client_name)  # (the pub/sub connections')
     scripts = [*own, *hello(scripts=ALL_SCRIPTS)]
 
     def make_link(target: Target, label: str = "redis", auth: Sequence[bytes] = scripts) -> Link:
-        return Link(
-            label,
-            target,
-            connect_timeout=config.connect_timeout,
-            op_timeout=config.op_timeout,
-            hello=auth,
-        )
+        return Link(label, target, config, hello=auth)
 
     if s.mode == "cluster":
         cluster = ClusterLinks([Address(h, p, tls=tls) for h, p in s.hosts], make_link)
-        return cluster, make_link(cluster.next_master, auth=own), _nothing
+        return cluster, make_link(cluster.next_master, auth=own)
     target: Target
-    closing = _nothing
+    sentinels: list[Link] = []
     if s.mode == "sentinel":
         assert s.service_name is not None
         service, auth = s.service_name, hello(s.sentinel_username, s.sentinel_password)
@@ -506,10 +495,6 @@ def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, 
                 f"no sentinel names the master of {service!r}: {'; '.join(failures)}"
             )
 
-        def closing() -> None:
-            for link in sentinels:
-                link.close()
-
         target = master
     elif s.mode == "unix":
         assert s.socket_path is not None
@@ -517,12 +502,8 @@ def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link, 
     else:
         host, port = s.hosts[0]
         target = Address(host, port, tls=tls)
-    links = ServerLinks(make_link(target), functools.partial(make_link, target, "redis (WAIT)"))
-    return links, make_link(target, auth=own), closing
-
-
-def _nothing() -> None:
-    pass
+    wait_link = functools.partial(make_link, target, "redis (WAIT)")
+    return ServerLinks(make_link(target), wait_link, sentinels), make_link(target, auth=own)
 
 
 # -- Redlock ----------------------------------------------------------------------------------

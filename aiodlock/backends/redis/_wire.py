@@ -331,17 +331,15 @@ class Link:
         self,
         label: str,
         address: Target,
+        config: CommonConfig,
         *,
-        connect_timeout: float,
-        op_timeout: float,
         hello: Sequence[bytes] = (),
         on_hello: Callable[[list[Any]], None] | None = None,
         on_push: OnReply | None = None,
     ) -> None:
         self.label = label
         self.address = address
-        self.connect_timeout = connect_timeout
-        self.op_timeout = op_timeout
+        self.connect_timeout, self.op_timeout = config.connect_timeout, config.op_timeout
         self._hello = b"".join(hello)
         self._hellos = len(hello)
         self._on_hello = on_hello
@@ -474,11 +472,7 @@ class Link:
 
     def eval_many(self, calls: Sequence[ScriptCall], deliver: OnReply) -> None:
         """Run scripts in one write; ``deliver`` gets the replies (or the first failure)."""
-        if calls:
-            callbacks = collector(len(calls), deliver)
-            self.send(b"".join(call.data for call in calls), callbacks, calls)
-        else:
-            deliver([])
+        self.send(b"".join(call.data for call in calls), collector(len(calls), deliver), calls)
 
     def eval_wait(self, call: ScriptCall, wait: bytes, deliver: OnReply) -> None:
         """``call`` and ``wait`` (a WAIT) in one write: ``deliver`` gets ``[reply, acks]``.
@@ -611,17 +605,13 @@ class PubSubHub:
         state.wanted += 1
         if state.linger is not None:
             state.linger.cancel()
-            state.linger = None
         try:
             if self._task is None and not self._closed:
                 self._task = asyncio.get_running_loop().create_task(
                     self._run(), name=f"aiodlock:{self.label}:pubsub"
                 )
             if not state.requested and self._pipe is not None:
-                state.requested = True
-                state.inflight += 1
-                state.set_ready(False)
-                self._pipe.send(pack(b"SUBSCRIBE", channel), ())
+                self._request(self._pipe, channel, state, True)
             if not state.ready.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.op_timeout):
@@ -642,17 +632,20 @@ class PubSubHub:
                 del self._channels[channel]
 
     def _unsubscribe(self, channel: bytes, state: Channel) -> None:
-        state.linger = None
         if state.wanted or self._channels.get(channel) is not state:
             return
         if state.requested and self._pipe is not None:
-            state.requested = False
-            state.inflight += 1
-            state.missed = 0
-            state.set_ready(False)
-            self._pipe.send(pack(b"UNSUBSCRIBE", channel), ())
+            self._request(self._pipe, channel, state, False)
         elif state.inflight == 0:
             del self._channels[channel]
+
+    def _request(self, pipe: Pipe, channel: bytes, state: Channel, subscribe: bool) -> None:
+        """Send (UN)SUBSCRIBE: the channel is not ready until the server answered."""
+        state.requested = subscribe
+        state.inflight += 1
+        state.missed = 0  # (0 already when not requested: no message counts then)
+        state.set_ready(False)
+        pipe.send(pack(b"SUBSCRIBE" if subscribe else b"UNSUBSCRIBE", channel), ())
 
     async def _run(self) -> None:
         backoff = Backoff(first=0.02, cap=1.0)
@@ -677,7 +670,6 @@ class PubSubHub:
                     state.set_ready(False)
                     if state.linger is not None:
                         state.linger.cancel()
-                        state.linger = None
                     if not state.wanted:
                         del self._channels[channel]
                 link.drop(NodeConnectionError("the pub/sub connection was given up"))

@@ -122,7 +122,6 @@ class RedisBackend(KeyedBackend[Settings]):
         #: How long a place in line (a fair or urgent waiter's) is kept without a new
         #: attempt: as long as a lease (the waiter asks again every third of it).
         self._lease_waiter_ms = ms(config.watchdog_ttl)
-        self._closing: Callable[[], None] = lambda: None
         self._links: Links | None = None
         self._hub: PubSubHub | None = None
         #: The local waiters by channel, woken by the hub one at a time.
@@ -162,7 +161,7 @@ class RedisBackend(KeyedBackend[Settings]):
         return self.settings.client
 
     async def open(self, on_lost: LostCallback) -> None:
-        links, hub_link, self._closing = connect_deployment(self.settings, self.config)
+        links, hub_link = connect_deployment(self.settings, self.config)
         self._links = links
         self._hub = PubSubHub(
             hub_link, self.board, self.config, "redis", self._secrets, links.reset
@@ -180,7 +179,6 @@ class RedisBackend(KeyedBackend[Settings]):
             await hub.aclose()
         if links is not None:
             links.close()
-        self._closing()
 
     def _error(self, exc: BaseException, what: str) -> BaseException:
         """``exc`` (a failed call's outcome) as aiodlock reports it."""
@@ -190,11 +188,11 @@ class RedisBackend(KeyedBackend[Settings]):
             exc = TransientReply(str(exc))
         return wire_error("redis", exc, what, self._secrets, (TransientReply,))
 
-    def _start(self, call: ScriptCall) -> asyncio.Future[Any]:
-        """Send ``call`` now; :meth:`_finish` gets its answer."""
+    def _ask(self, what: str, send: Callable[..., None], *args: Any) -> Awaitable[Any]:
+        """``send(*args, on_reply)`` now; the awaitable gets the reply (or raises)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.links.eval(call, resolver(future))
-        return future
+        send(*args, resolver(future))
+        return self._finish(future, what)
 
     async def _finish(self, sent: asyncio.Future[Any], what: str) -> Any:
         reply = await sent
@@ -203,7 +201,7 @@ class RedisBackend(KeyedBackend[Settings]):
         return reply
 
     def _run(self, call: ScriptCall) -> Awaitable[Any]:
-        return self._finish(self._start(call), call.script.name)
+        return self._ask(call.script.name, self.links.eval, call)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl
@@ -222,15 +220,13 @@ class RedisBackend(KeyedBackend[Settings]):
         if self.sync_replicas:
             value = await self._acquire_synced(keys, owner, call)
         else:
-            value = await self._finish(self._start(call), call.script.name)
+            value = await self._run(call)
         if value > 0:
             return Grant(name, owner, value, started + ttl, GrantData(keys, str(value)))
         return Busy((-1 - value) / 1000 if value else None)
 
     async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.links.eval_wait(call, self._wait, resolver(future))
-        reply, acks = await self._finish(future, call.script.name)
+        reply, acks = await self._ask(call.script.name, self.links.eval_wait, call, self._wait)
         value = int(reply)
         if value > 0 and int(acks) < self.sync_replicas:
             with anyio.CancelScope(shield=True), contextlib.suppress(BackendError):
@@ -262,9 +258,7 @@ class RedisBackend(KeyedBackend[Settings]):
             ScriptCall(RENEW, (_data(g).keys.lock,), (g.owner, _data(g).token, lease_ms))
             for g in grants
         ]
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.links.eval_many(calls, resolver(future))
-        replies = await self._finish(future, "renew")
+        replies = await self._ask("renew", self.links.eval_many, calls)
         return [started + ttl if reply == 1 else None for reply in replies]
 
     def _release(self, keys: LockKeys, owner: str, token: str) -> Awaitable[bool]:

@@ -102,13 +102,7 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         auth = hello(s.username, s.password if s.passwords is None else s.passwords[index], s.db)
         address = Address(host, port, tls=ssl_context_factory(s.ssl) if s.tls else None)
         node = Node(index, str(address), self.secrets)
-        link = functools.partial(
-            Link,
-            node.label,
-            address,
-            connect_timeout=self.config.connect_timeout,
-            op_timeout=self.config.op_timeout,
-        )
+        link = functools.partial(Link, node.label, address, self.config)
         # (with rejoin_delay, every new connection asks the REJOIN script when it counts)
         rejoin = [pack(b"EVAL", REJOIN.source, 1, self.marker, ms(s.rejoin_delay))]
         node.link = link(

@@ -70,7 +70,7 @@ def test_every_deployment_speaks_over_links() -> None:
     # (Until 2026-11-25 Sentinel, Cluster, sync_replicas and client= went through redis-py.)
     def links_of(url: str, **options: Any) -> tuple[Any, Link]:
         backend = backend_of(aiodlock.connect(url, **options))
-        links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+        links, pubsub = connect_deployment(backend.settings, backend.config)
         return links, pubsub
 
     for url in (

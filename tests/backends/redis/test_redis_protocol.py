@@ -259,7 +259,7 @@ async def test_renew_is_one_pipeline_for_many_grants(client: aiodlock.Client) ->
 def test_calls_are_bounded_by_op_timeout_on_our_side() -> None:
     # (no driver and its retries in between: a link sends once, its timer bounds the call)
     backend = backend_of_unopened(aiodlock.connect("redis://127.0.0.1:1/0", op_timeout=0.7).backend)
-    links, pubsub, _ = connect_deployment(backend.settings, backend.config)
+    links, pubsub = connect_deployment(backend.settings, backend.config)
     assert isinstance(links, ServerLinks)
     assert links.link.op_timeout == pubsub.op_timeout == 0.7
 
