@@ -1,8 +1,5 @@
 """How the Redis backends reach their servers: URL settings, TLS, one server, Sentinel,
-Cluster (the slot map, one link per master, redirections).
-
-redis-py is not used, but to read the settings of a ``client=`` the caller hands in.
-"""
+Cluster (the slot map, one link per master, redirections).  (redis-py only for ``client=``.)"""
 
 from __future__ import annotations
 
@@ -448,7 +445,7 @@ class ServerLinks:
 
     def reset(self) -> None:
         for link in (self.link, self._wait_link):
-            if link is not None and link.idle():
+            if link is not None and (link.pipe is None or link.pipe.oldest() is None):  # idle
                 link.drop(ConnectionError("the server may have changed"))
 
     def close(self) -> None:

@@ -28,10 +28,10 @@ NO_ANSWER: Final = object()
 class Node:
     """One Redis master: its pipelined link, its pub/sub hub, its standing."""
 
-    __slots__ = ("_silent", "address", "counts_after", "hub", "index", "label", "link", "secrets")
+    __slots__ = ("_silent", "counts_after", "hub", "index", "label", "link", "secrets")
 
     def __init__(self, index: int, address: str, secrets: tuple[str, ...]) -> None:
-        self.index, self.address, self.secrets = index, address, secrets
+        self.index, self.secrets = index, secrets
         self.label = f"redlock node {address}"
         #: Monotonic time from which this node's votes count (``rejoin_delay``).
         self.counts_after = -math.inf
@@ -234,11 +234,7 @@ class Votes(Gather):
                 else:
                     self.no += 1
         waiter = self.waiter
-        if (
-            waiter is not None
-            and (not self.left or (self.armed and (self.yes >= self.need or self.no > self.spare)))
-            and not waiter.done()
-        ):
+        if waiter is not None and not waiter.done() and (not self.left or self.enough()):
             waiter.set_result(None)
 
 

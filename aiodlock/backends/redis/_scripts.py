@@ -39,9 +39,7 @@ class Script:
 def escape_name(name: str) -> bytes:
     """The name inside the hash tag: UTF-8 (lone surrogates kept), ``% { }`` escaped."""
     raw = name.encode("utf-8", "surrogatepass")
-    if b"%" in raw or b"{" in raw or b"}" in raw:
-        raw = raw.replace(b"%", b"%25").replace(b"{", b"%7B").replace(b"}", b"%7D")
-    return raw
+    return raw.replace(b"%", b"%25").replace(b"{", b"%7B").replace(b"}", b"%7D")
 
 
 class LockKeys:

@@ -1,9 +1,5 @@
-"""The one transport of both Redis backends: pipelined connections, RESP, script calls, and
-the pub/sub connection their waiters share.
-
-Replies (an error reply a :class:`ReplyError`, a broken connection a
-:class:`NodeConnectionError`) are handed to callbacks, in request order, never raised.
-"""
+"""The one transport of both Redis backends: pipelined connections and the pub/sub
+connection their waiters share.  Replies and failures go to callbacks in order, never raised."""
 
 from __future__ import annotations
 
@@ -172,9 +168,7 @@ class Pipe(asyncio.Protocol):
     ``lost`` gets the error the connection ended with.
     """
 
-    def __init__(
-        self, label: str = "redis", op_timeout: float | None = None, on_push: OnReply | None = None
-    ) -> None:
+    def __init__(self, label: str, op_timeout: float, on_push: OnReply | None) -> None:
         self.label = label
         self.op_timeout = op_timeout
         self.on_push = on_push
@@ -226,7 +220,7 @@ class Pipe(asyncio.Protocol):
 
     def _due(self, now: float) -> float | None:
         oldest = self.oldest()
-        if oldest is None or self.broken is not None or self.op_timeout is None:
+        if oldest is None or self.broken is not None:
             return None
         due = oldest + self.op_timeout
         if now < due:
@@ -276,7 +270,7 @@ class Pipe(asyncio.Protocol):
         self._write(data, now)
 
     def _write(self, data: bytes, now: float) -> None:
-        if self._timer.handle is None and self.op_timeout is not None:
+        if self._timer.handle is None:
             self._timer.at(now + self.op_timeout)  # (armed: for an older request, earlier)
         self.transport.write(data)  # type: ignore[union-attr]  # (set once connected)
 
@@ -499,10 +493,6 @@ class Link:
                 deliver(first if isinstance(first, BaseException) else [first, reply])
 
         self.send(call.data + wait, [script, waited], [call, None])
-
-    def idle(self) -> bool:
-        pipe = self.pipe
-        return pipe is None or pipe.oldest() is None
 
     def drop(self, error: BaseException) -> None:
         """Close the current connection (the next request makes a new one)."""
@@ -800,8 +790,7 @@ class Listening:
                 # waiter that polls anyway, Redlock's, does not: each node announces it.)
                 state.missed = 0
                 slot.event.set()
-        one = hubs[0]
-        ready = functools.partial(one.is_ready, channel) if len(hubs) == 1 and listen else None
+        ready = functools.partial(hubs[0].is_ready, channel) if len(hubs) == 1 and listen else None
         waiter = BoardWaiter(slot, backoff, ready)
         since = sorted(t for t in (hub.ready_since(channel) for hub in hubs) if t is not None)
         waiter.listening_since = since[need - 1] if len(since) >= need else None

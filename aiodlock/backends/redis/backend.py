@@ -65,8 +65,6 @@ def ms(seconds: float) -> int:
 
 @dataclasses.dataclass(slots=True)
 class GrantData:
-    """What a grant needs to be renewed and released."""
-
     keys: LockKeys
     token: str
 
@@ -78,26 +76,23 @@ class KeyedBackend(Backend, Generic[S]):
     def __init__(self, settings: S, config: CommonConfig) -> None:
         self.settings = settings
         self.config = config
-        self._keys = key_table(config.namespace)
+        #: The keys and channels of a lock name in this backend's namespace.
+        self.keys_for: Callable[[str], LockKeys] = key_table(config.namespace)
         self._acquire_calls: Callable[[tuple[LockKeys, str, int]], ScriptCall] = memo(
             lambda index: ScriptCall(ACQUIRE, index[0].every, index[1:])
         )
         self._release_calls: Callable[[tuple[LockKeys, str]], tuple[CallTemplate, ScriptCall]]
         self._release_calls = memo(release_calls)
 
-    def keys_for(self, name: str) -> LockKeys:
-        """The keys and channels of lock ``name`` in this backend's namespace."""
-        return self._keys(name)
-
     def abandon_call(self, keys: LockKeys, owner: str) -> ScriptCall:
         return ScriptCall(ABANDON, keys.line, (owner, keys.channel, keys.waiter_prefix))
 
     def force_release_call(self, name: str) -> ScriptCall:
-        keys = self._keys(name)
+        keys = self.keys_for(name)
         return ScriptCall(FORCE_RELEASE, keys.line, (keys.channel, keys.waiter_prefix))
 
     def status_call(self, name: str) -> ScriptCall:
-        keys = self._keys(name)
+        keys = self.keys_for(name)
         return ScriptCall(STATUS, (keys.lock, keys.deadlines), ())
 
 
@@ -127,8 +122,7 @@ class RedisBackend(KeyedBackend[Settings]):
         #: The local waiters by channel, woken by the hub one at a time.
         self.board = WakeupBoard()
         self._secrets = tuple(s for s in (settings.password, settings.sentinel_password) if s)
-        self.sync_replicas = settings.sync_replicas
-        self._wait = pack(b"WAIT", self.sync_replicas, ms(settings.sync_timeout))
+        self._wait = pack(b"WAIT", settings.sync_replicas, ms(settings.sync_timeout))
         self._transfer_calls: Callable[[tuple[LockKeys, str, str, int]], CallTemplate]
         self._transfer_calls = memo(transfer_template)
 
@@ -205,7 +199,7 @@ class RedisBackend(KeyedBackend[Settings]):
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl
-        keys = self._keys(name)
+        keys = self.keys_for(name)
         # (an urgent waiter takes a place in line, as a fair one does)
         urgent = request.urgent and will_wait and not request.fair
         started = monotonic()
@@ -217,7 +211,7 @@ class RedisBackend(KeyedBackend[Settings]):
             call = self._acquire_calls((keys, owner, ms(ttl)))
         # The script answers the token (>= 1) if granted; else -1 - ms until a retry may be
         # worth it (the holder's remaining lease...), or 0 when no such time is known.
-        if self.sync_replicas:
+        if self.settings.sync_replicas:
             value = await self._acquire_synced(keys, owner, call)
         else:
             value = await self._run(call)
@@ -228,18 +222,18 @@ class RedisBackend(KeyedBackend[Settings]):
     async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
         reply, acks = await self._ask(call.script.name, self.links.eval_wait, call, self._wait)
         value = int(reply)
-        if value > 0 and int(acks) < self.sync_replicas:
+        if value > 0 and int(acks) < self.settings.sync_replicas:
             with anyio.CancelScope(shield=True), contextlib.suppress(BackendError):
                 await self._release(keys, owner, str(value))
             raise BackendError(
-                f"redis: only {acks} of {self.sync_replicas} replicas acknowledged the "
+                f"redis: only {acks} of {self.settings.sync_replicas} replicas acknowledged the "
                 f"grant of {keys.name!r} within {ms(self.settings.sync_timeout)} ms "
                 f"(sync_replicas); the lock was released again"
             )
         return value
 
     def waiter(self, request: Request) -> Listening:
-        keys = self._keys(request.name)
+        keys = self.keys_for(request.name)
         hubs = (self.hub,)
         if request.fair:  # (its own channel, where only its turn is announced)
             return Listening(self.board, hubs, keys.waiter_channel(request.owner), None, Backoff())
@@ -278,7 +272,7 @@ class RedisBackend(KeyedBackend[Settings]):
 
     async def transfer(self, grant: Grant, to: Request) -> Grant | bool:
         data = _data(grant)
-        if self.sync_replicas:
+        if self.settings.sync_replicas:
             # (a grant must wait for its replicas, which the one-step script does not)
             return await self._release(data.keys, grant.owner, data.token)
         keys = data.keys
