@@ -86,16 +86,8 @@ def _micros(seconds: float) -> int:
     return max(1, round(seconds * 1_000_000))
 
 
-def wall_clock_micros() -> int:
-    """The local wall clock in integer microseconds (the SQLite "server time")."""
-    return time.time_ns() // 1000
-
-
 class Dialect:
-    """What differs between SQL databases (the algorithm is :class:`LockTable`'s).
-
-    Subclass it; statements are written with ``?`` placeholders.
-    """
+    """What differs between SQL databases (subclass it; statements use ``?`` placeholders)."""
 
     #: Short name, e.g. ``"sqlite"``.
     name: str = "sql"
@@ -195,12 +187,10 @@ class LockTable:
         """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
         return [self._render(s) for s in self.dialect.create_tables(self.locks, self.counters)]
 
-    # -- pieces ------------------------------------------------------------------------
-
     def now(self) -> Script[int]:
-        """Server time in microseconds."""
+        """Server time in microseconds (without ``now_sql``: the local wall clock)."""
         if self._now is None:
-            return wall_clock_micros()
+            return time.time_ns() // 1000
         rows = yield Fetch(self._now, ())
         return int(rows[0][0])
 
@@ -209,18 +199,11 @@ class LockTable:
         rows = yield Fetch(self._read_counter, (self.namespace, key))
         return int(rows[0][0])
 
-    # -- scripts ------------------------------------------------------------------------
-
     def probe(self, name: str, owner: str) -> Script[Busy | None]:
         """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None`` (a
         poll that costs no write lock; only ``None`` is worth an :meth:`attempt`)."""
-        now = yield from self.now()
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
-        if rows:
-            holder, _token, expires_at, _version = rows[0]
-            if expires_at > now and holder != owner:
-                return Busy((expires_at - now) / 1e6)
-        return None
+        held = yield from self.status(name)
+        return Busy(held.expires_in) if held is not None and held.owner != owner else None
 
     def attempt(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy]:
         """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds."""

@@ -205,8 +205,7 @@ class SQLiteBackend(Backend):
                 "a sqlite URL has no host: use 'sqlite:///relative/path.db' or "
                 "'sqlite:////absolute/path.db' (three slashes, then the path)"
             )
-        # "sqlite:///x.db" -> "x.db" (relative to the current directory),
-        # "sqlite:////abs/x.db" -> "/abs/x.db" (as in SQLAlchemy).
+        # "sqlite:///x.db" -> "x.db" (relative), "sqlite:////abs/x.db" -> "/abs/x.db" (SQLAlchemy's)
         path = url.path[1:] if url.path.startswith("/") else url.path
         # A path with "?" or "#" cannot be written in the URL's path: the option ``path``
         # (percent-decoded, as every query value) takes any path.
@@ -244,8 +243,6 @@ class SQLiteBackend(Backend):
 
     def describe(self) -> str:
         return sqlite_url(self.path)
-
-    # -- the connection ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -371,8 +368,6 @@ class SQLiteBackend(Backend):
         with self._translate("close"):
             await anyio.to_thread.run_sync(close, abandon_on_cancel=True)
 
-    # -- local wake-ups -------------------------------------------------------------------
-
     @property
     def board(self) -> WakeupBoard | None:
         """The local waiters of this database file (shared by this loop's backends)."""
@@ -390,8 +385,6 @@ class SQLiteBackend(Backend):
         backoff = Backoff(first=self.poll_min, cap=self.poll_max)
         board = self.board or WakeupBoard()
         return BoardWaiter.context(board, self.board_key(request.name), backoff)
-
-    # -- the protocol ---------------------------------------------------------------------
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         started = monotonic()
