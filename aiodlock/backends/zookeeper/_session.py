@@ -42,9 +42,8 @@ class Disconnected(exc.ZKError):  # type: ignore[misc]
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever a
-#: session held is lost (``lost`` says why: it expired, or may have: nothing heard for its
-#: timeout).
+#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever it
+#: held is lost (``lost`` says why: it expired, or may have: nothing heard for its timeout).
 EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]

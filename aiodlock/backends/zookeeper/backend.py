@@ -463,7 +463,6 @@ class ZooKeeperBackend(Backend):
         self._unwatch(node)
 
     def _lose(self, grants: Sequence[Grant], reason: str) -> None:
-        """Forget ``grants`` and report them lost to the core."""
         for grant in grants:
             self._forget(grant)
         if grants and self._on_lost is not None:
