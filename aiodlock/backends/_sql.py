@@ -5,12 +5,11 @@ the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, 
 (server time in microseconds) and a version bumped by every write (optimistic take-over).
 ``aiodlock_counters`` holds the last token per name ever locked, never deleted or reset.
 
-Every operation is a *script*: a generator that yields statements (:class:`Fetch` -> rows,
-:class:`Execute` -> affected row count) and returns the outcome, so one algorithm runs on
-stdlib ``sqlite3`` in a worker thread (:func:`run_script`) or on an async driver
-(:func:`run_script_async`); a :class:`Dialect` holds what differs between databases.
-*Write* scripts run in one transaction that serialises writers of the row (SQLite
-``BEGIN IMMEDIATE``; InnoDB with ``Dialect.for_update``), *read* scripts outside any.
+Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` statements
+that returns the outcome), run on ``sqlite3`` in a worker thread (:func:`run_script`) or on an
+async driver (:func:`run_script_async`).  *Write* scripts run in one transaction that
+serialises writers of the row (SQLite ``BEGIN IMMEDIATE``; InnoDB ``FOR UPDATE``), *read*
+scripts outside any.
 """
 
 from __future__ import annotations

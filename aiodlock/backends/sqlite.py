@@ -193,7 +193,6 @@ class SQLiteBackend(Backend):
         self.synchronous = synchronous.lower()
         self.table = LockTable(SQLITE, config.namespace)
         self._conn: sqlite3.Connection | None = None
-        # Guards the connection across worker threads (one thread uses it at a time).
         self._thread_lock = threading.Lock()
         self._gate: anyio.Lock | None = None
         self._shared: SharedBoard | None = None
@@ -327,10 +326,7 @@ class SQLiteBackend(Backend):
             # persistent in the file; changing it needs a moment of exclusive access, hence
             # the busy retry when several processes open a new file at once.
             mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in self.table.schema():
-                conn.execute(statement)
-            conn.execute("COMMIT")
+            conn.executescript(";".join(["BEGIN IMMEDIATE", *self.table.schema(), "COMMIT"]))
             return mode.lower()
 
         mode = _while_busy(conn, job, run)

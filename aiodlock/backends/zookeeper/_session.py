@@ -191,7 +191,6 @@ class Session:
         self._expiry_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
-        """Start the session task and wait for the first session."""
         self._task = asyncio.create_task(self._run(), name="aiodlock:zookeeper-session")
         await self.wait_connected(None)
 

@@ -125,7 +125,6 @@ class ZooKeeperBackend(Backend):
             raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
         timeout = take_float(options, "session_timeout", None, allow_zero=False)
         self.requested_session_timeout = timeout or config.watchdog_ttl  # (the server's may differ)
-        #: The ACL of the nodes this client creates: a preset's name, or "custom".
         self.acl_name, self.acl = _acl(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
         self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
@@ -152,6 +151,13 @@ class ZooKeeperBackend(Backend):
         auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
         servers = ",".join(format_host(h, p) for h, p in self.hosts)
         return f"{self._scheme}://{auth}{servers}{quote(self.chroot)}"
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout in force (negotiated with the server once connected)."""
+        if self.session is not None and self.session.session_id:
+            return self.session.timeout
+        return self.requested_session_timeout
 
     @property
     def session_id(self) -> int:
