@@ -5,12 +5,11 @@ the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, 
 (server time in microseconds) and a version bumped by every write (optimistic take-over).
 ``aiodlock_counters`` holds the last token per name ever locked, never deleted or reset.
 
-Every operation is a *script*: a generator that yields statements (:class:`Fetch` -> rows,
-:class:`Execute` -> affected row count) and returns the outcome, so one algorithm runs on
-stdlib ``sqlite3`` in a worker thread (:func:`run_script`) or on an async driver
-(:func:`run_script_async`); a :class:`Dialect` holds what differs between databases.
-*Write* scripts run in one transaction that serialises writers of the row (SQLite
-``BEGIN IMMEDIATE``; InnoDB with ``Dialect.for_update``), *read* scripts outside any.
+Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` statements
+that returns the outcome), run on ``sqlite3`` in a worker thread (:func:`run_script`) or on an
+async driver (:func:`run_script_async`).  *Write* scripts run in one transaction that
+serialises writers of the row (SQLite ``BEGIN IMMEDIATE``; InnoDB ``FOR UPDATE``), *read*
+scripts outside any.
 """
 
 from __future__ import annotations
@@ -86,16 +85,8 @@ def _micros(seconds: float) -> int:
     return max(1, round(seconds * 1_000_000))
 
 
-def wall_clock_micros() -> int:
-    """The local wall clock in integer microseconds (the SQLite "server time")."""
-    return time.time_ns() // 1000
-
-
 class Dialect:
-    """What differs between SQL databases (the algorithm is :class:`LockTable`'s).
-
-    Subclass it; statements are written with ``?`` placeholders.
-    """
+    """What differs between SQL databases (subclass it; statements use ``?`` placeholders)."""
 
     #: Short name, e.g. ``"sqlite"``.
     name: str = "sql"
@@ -195,12 +186,10 @@ class LockTable:
         """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
         return [self._render(s) for s in self.dialect.create_tables(self.locks, self.counters)]
 
-    # -- pieces ------------------------------------------------------------------------
-
     def now(self) -> Script[int]:
-        """Server time in microseconds."""
+        """Server time in microseconds (without ``now_sql``: the local wall clock)."""
         if self._now is None:
-            return wall_clock_micros()
+            return time.time_ns() // 1000
         rows = yield Fetch(self._now, ())
         return int(rows[0][0])
 
@@ -209,18 +198,11 @@ class LockTable:
         rows = yield Fetch(self._read_counter, (self.namespace, key))
         return int(rows[0][0])
 
-    # -- scripts ------------------------------------------------------------------------
-
     def probe(self, name: str, owner: str) -> Script[Busy | None]:
         """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None`` (a
         poll that costs no write lock; only ``None`` is worth an :meth:`attempt`)."""
-        now = yield from self.now()
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
-        if rows:
-            holder, _token, expires_at, _version = rows[0]
-            if expires_at > now and holder != owner:
-                return Busy((expires_at - now) / 1e6)
-        return None
+        held = yield from self.status(name)
+        return Busy(held.expires_in) if held is not None and held.owner != owner else None
 
     def attempt(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy]:
         """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds."""

@@ -193,7 +193,6 @@ class SQLiteBackend(Backend):
         self.synchronous = synchronous.lower()
         self.table = LockTable(SQLITE, config.namespace)
         self._conn: sqlite3.Connection | None = None
-        # Guards the connection across worker threads (one thread uses it at a time).
         self._thread_lock = threading.Lock()
         self._gate: anyio.Lock | None = None
         self._shared: SharedBoard | None = None
@@ -205,8 +204,7 @@ class SQLiteBackend(Backend):
                 "a sqlite URL has no host: use 'sqlite:///relative/path.db' or "
                 "'sqlite:////absolute/path.db' (three slashes, then the path)"
             )
-        # "sqlite:///x.db" -> "x.db" (relative to the current directory),
-        # "sqlite:////abs/x.db" -> "/abs/x.db" (as in SQLAlchemy).
+        # "sqlite:///x.db" -> "x.db" (relative), "sqlite:////abs/x.db" -> "/abs/x.db" (SQLAlchemy's)
         path = url.path[1:] if url.path.startswith("/") else url.path
         # A path with "?" or "#" cannot be written in the URL's path: the option ``path``
         # (percent-decoded, as every query value) takes any path.
@@ -244,8 +242,6 @@ class SQLiteBackend(Backend):
 
     def describe(self) -> str:
         return sqlite_url(self.path)
-
-    # -- the connection ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -330,10 +326,7 @@ class SQLiteBackend(Backend):
             # persistent in the file; changing it needs a moment of exclusive access, hence
             # the busy retry when several processes open a new file at once.
             mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in self.table.schema():
-                conn.execute(statement)
-            conn.execute("COMMIT")
+            conn.executescript(";".join(["BEGIN IMMEDIATE", *self.table.schema(), "COMMIT"]))
             return mode.lower()
 
         mode = _while_busy(conn, job, run)
@@ -371,8 +364,6 @@ class SQLiteBackend(Backend):
         with self._translate("close"):
             await anyio.to_thread.run_sync(close, abandon_on_cancel=True)
 
-    # -- local wake-ups -------------------------------------------------------------------
-
     @property
     def board(self) -> WakeupBoard | None:
         """The local waiters of this database file (shared by this loop's backends)."""
@@ -390,8 +381,6 @@ class SQLiteBackend(Backend):
         backoff = Backoff(first=self.poll_min, cap=self.poll_max)
         board = self.board or WakeupBoard()
         return BoardWaiter.context(board, self.board_key(request.name), backoff)
-
-    # -- the protocol ---------------------------------------------------------------------
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         started = monotonic()

@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from .. import BackendError, ConfigurationError, LockError, Unsupported, __version__
 from ._common import DEMO_LOCK, Exit, ExitStatus, fmt_seconds, held_by, make_client, say, shown_url
 from ._common import DEMO_NAMESPACE as DEMO_NAMESPACE
-from ._demo import Record as Record
-from ._demo import analyse as analyse
 from ._demo import cmd_demo, cmd_demo_worker
 from ._run import cmd_run
 

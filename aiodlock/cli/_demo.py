@@ -94,9 +94,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     records = [Record(i, *row) for i, result in enumerate(results) for row in result["records"]]
     report = analyse(records, sum(result["collisions"] for result in results))
     per_worker = [len(result["records"]) for result in results]
-    report.update(workers=args.workers, per_worker=per_worker, errors=errors)
+    report.update(workers=args.workers, per_worker=per_worker, errors=errors, name=args.name)
     report.update(total_time=time.monotonic() - started, url=shown, namespace=args.namespace)
-    report["name"] = args.name
     report["ok"] = bool(records and not errors and not report["overlaps"])
     report["ok"] = report["ok"] and report["tokens_increasing"]
     print(json.dumps(report) if args.json else _demo_report(report), flush=True)

@@ -15,6 +15,7 @@ import pytest
 
 import aiodlock
 from aiodlock import cli
+from aiodlock.cli._demo import Record, analyse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -513,15 +514,15 @@ def test_demo_refuses_in_process_memory(tmp_path: Path) -> None:
 
 
 def test_demo_analysis_detects_overlaps_and_token_disorder() -> None:
-    record = cli.Record
+    record = Record
     clean = [record(0, 1, 0.0, 0.1, 0.2), record(1, 2, 0.0, 0.3, 0.4)]
-    report = cli.analyse(clean, collisions=0)
+    report = analyse(clean, collisions=0)
     assert report["overlaps"] == 0
     assert report["tokens_increasing"] is True
     assert report["handoffs"] == 1
     assert report["handoff_p50"] == pytest.approx(0.1)
     overlapping = [record(0, 1, 0.0, 0.1, 0.5), record(1, 2, 0.0, 0.3, 0.4)]
-    assert cli.analyse(overlapping, collisions=0)["overlaps"] == 1
-    assert cli.analyse(clean, collisions=2)["overlaps"] == 2
+    assert analyse(overlapping, collisions=0)["overlaps"] == 1
+    assert analyse(clean, collisions=2)["overlaps"] == 2
     disordered = [record(0, 2, 0.0, 0.1, 0.2), record(1, 1, 0.0, 0.3, 0.4)]
-    assert cli.analyse(disordered, collisions=0)["tokens_increasing"] is False
+    assert analyse(disordered, collisions=0)["tokens_increasing"] is False

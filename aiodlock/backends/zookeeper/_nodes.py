@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiozk import exc, protocol
@@ -42,17 +42,15 @@ def found(reply: Any) -> Any:
     return reply
 
 
-@contextlib.contextmanager
-def translate(what: str, secrets: tuple[str, ...] = ()) -> Iterator[None]:
-    with translating(
+def translate(what: str, secrets: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[None]:
+    return translating(
         "zookeeper",
         (exc.ZKError,),
         (exc.TimeoutError, exc.OperationTimeout),
         what=what,
         secrets=secrets,
         transient=(Disconnected,),
-    ):
-        yield
+    )
 
 
 class Nodes:

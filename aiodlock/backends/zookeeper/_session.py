@@ -42,9 +42,8 @@ class Disconnected(exc.ZKError):  # type: ignore[misc]
         return "the connection to ZooKeeper was lost (the request's outcome is unknown)"
 
 
-#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever a
-#: session held is lost (``lost`` says why: it expired, or may have: nothing heard for its
-#: timeout).
+#: ``(session_id, lost)``: a session established or resumed (``lost`` None), or whatever it
+#: held is lost (``lost`` says why: it expired, or may have: nothing heard for its timeout).
 EventCallback = Callable[[int, str | None], None]
 #: Called with the event type (deleted / data changed) when a data watch fires.
 WatchCallback = Callable[[int], None]
@@ -192,7 +191,6 @@ class Session:
         self._expiry_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
-        """Start the session task and wait for the first session."""
         self._task = asyncio.create_task(self._run(), name="aiodlock:zookeeper-session")
         await self.wait_connected(None)
 

@@ -35,7 +35,7 @@ from ..._types import (
     Request,
     monotonic,
 )
-from ..._url import ParsedURL, take_float, take_str
+from ..._url import ParsedURL, format_host, take_float, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
 from ._nodes import LeftBehind, Nodes, Raced, found, reconnectable, translate
@@ -89,7 +89,7 @@ class _Attempt:
     request: Request
     parent: str
     prefix: str  # the node name up to the sequence number: "{owner}#{attempt}#"
-    event: Wakeup
+    event: Wakeup = dataclasses.field(default_factory=Wakeup)
     node: Node | None = None
     in_doubt: int | None = None  # the session of a create whose reply is still unknown
     had_doubt: bool = False  # a create had a lost reply (its node may turn up late)
@@ -123,16 +123,13 @@ class ZooKeeperBackend(Backend):
             )
         if self.username is not None and ":" in self.username:
             raise ConfigurationError("a ZooKeeper digest user name must not contain ':'")
-        timeout = take_float(options, "session_timeout", config.watchdog_ttl, allow_zero=False)
-        assert timeout is not None
-        self.requested_session_timeout = timeout  # the server may negotiate another one
-        #: The ACL of the nodes this client creates: a preset's name, or "custom".
+        timeout = take_float(options, "session_timeout", None, allow_zero=False)
+        self.requested_session_timeout = timeout or config.watchdog_ttl  # (the server's may differ)
         self.acl_name, self.acl = _acl(options.pop("acl", "open"), self.username)
         #: The ``addAuth`` credentials sent on every connection.
         self.auth = [] if password is None else [("digest", f"{self.username}:{password}".encode())]
         self._secrets = (password,) if password else ()
         self._locks = f"{self.chroot}/{escape_segment(config.namespace)}/locks"
-        #: The ZooKeeper session (None while the backend is not open).
         self.session: Session | None = None
         self._nodes: Nodes | None = None
         self._on_lost: LostCallback | None = None
@@ -152,7 +149,7 @@ class ZooKeeperBackend(Backend):
 
     def describe(self) -> str:
         auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
-        servers = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        servers = ",".join(format_host(h, p) for h, p in self.hosts)
         return f"{self._scheme}://{auth}{servers}{quote(self.chroot)}"
 
     @property
@@ -232,12 +229,8 @@ class ZooKeeperBackend(Backend):
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
         key = (request.name, request.owner)
-        attempt = _Attempt(
-            request,
-            self.lock_path(request.name),
-            f"{escape_segment(request.owner)}#{_secrets.token_hex(4)}#",
-            Wakeup(),
-        )
+        prefix = f"{escape_segment(request.owner)}#{_secrets.token_hex(4)}#"
+        attempt = _Attempt(request, self.lock_path(request.name), prefix)
         # Kept until the attempt returns: after an exception, abandon() needs it.
         self._attempts[key] = attempt
         try:
@@ -476,7 +469,6 @@ class ZooKeeperBackend(Backend):
         self._unwatch(node)
 
     def _lose(self, grants: Sequence[Grant], reason: str) -> None:
-        """Forget ``grants`` and report them lost to the core."""
         for grant in grants:
             self._forget(grant)
         if grants and self._on_lost is not None:
@@ -522,11 +514,9 @@ class ZooKeeperBackend(Backend):
             results: list[float | None] = []
             for grant, reply in zip(grants, replies, strict=True):
                 node: Node = grant.data
-                alive = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
-                alive = (
-                    alive and zk.usable(node.session_id) and self._grants.get(node.path) is grant
-                )
-                results.append(started + ttl if alive else None)
+                ok = found(reply) is not None and reply.stat.ephemeral_owner == node.session_id
+                ok = ok and zk.usable(node.session_id) and self._grants.get(node.path) is grant
+                results.append(started + ttl if ok else None)
             return results
 
     async def abandon(self, request: Request) -> None:
