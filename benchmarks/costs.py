@@ -133,7 +133,9 @@ async def transport_cost(rounds: int, cycles: int) -> None:
         await conn.send_command("SCRIPT", "LOAD", FLOOR_DELETE)
         sha = (await conn.read_response()).decode()
         loop = asyncio.get_running_loop()
-        _, pipe = await loop.create_connection(Pipe, server.host, server.port)
+        _, pipe = await loop.create_connection(
+            lambda: Pipe("costs", 5.0, None), server.host, server.port
+        )
 
         async def redis_py() -> None:
             for args in (("SET", "k", "t", "NX", "PX", 30000), ("EVALSHA", sha, 1, "k", "t")):
