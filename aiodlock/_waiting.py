@@ -139,9 +139,10 @@ async def _enter_waiter(
 ) -> Waiter | None:
     """Enter the waiter ``context`` (a subscription, a watch: round trips), at most until
     ``deadline`` (None: it passed first), so that it does not stretch ``timeout=X``."""
+    if deadline is None:
+        return await context.__aenter__()  # (no timeout object on the hot path)
     loop = asyncio.get_running_loop()
-    when = None if deadline is None else loop.time() + max(0.0, deadline - monotonic())
-    bound = asyncio.timeout_at(when)
+    bound = asyncio.timeout_at(loop.time() + max(0.0, deadline - monotonic()))
     try:
         async with bound:
             return await context.__aenter__()
