@@ -273,15 +273,19 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     # on the new master, and waiters of other clients, asleep before the failover (their
     # pub/sub connections on the dead master: every hub starts on the first node), ride it
     # out and get the lock after the release.
+    # NOTE: the lease must outlast the failover: the cluster elects the replica after its
+    # node timeout (2 s) and an election (up to ~1.5 s, longer on a loaded machine), and the
+    # holder's last renewal may be ttl/3 old when the master dies.
+    ttl = 10.0
     deployment: ClusterDeployment = cluster_factory()
     doomed = deployment.nodes[0]
     replica = await asyncio.to_thread(deployment.add_replica, doomed)
-    options = {"sync_replicas": 1, "sync_timeout": 0.5, "watchdog_ttl": 6.0, "op_timeout": 1.0}
+    options = {"sync_replicas": 1, "sync_timeout": 0.5, "watchdog_ttl": ttl, "op_timeout": 1.0}
     holder = await make_client(deployment.url, **options)
-    other = await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0)
+    other = await make_client(deployment.url, watchdog_ttl=ttl, op_timeout=1.0)
     name = next(n for n in (f"c{i}" for i in range(100)) if master_port(holder, n) == doomed.port)
     lease = await holder.lock(name).acquire()
-    sleepers = [await make_client(deployment.url, watchdog_ttl=6.0, op_timeout=1.0) for _ in "ab"]
+    sleepers = [await make_client(deployment.url, watchdog_ttl=ttl, op_timeout=1.0) for _ in "ab"]
     asleep = [asyncio.create_task(c.lock(name).acquire(timeout=60)) for c in sleepers]
     for c in sleepers:
         await eventually(
@@ -309,7 +313,7 @@ async def test_cluster_failover_with_sync_replicas_keeps_the_lock(
     waiting = asyncio.create_task(other.lock(name).acquire(timeout=60))
     # The holder's watchdog renews on the new master: the lease outlives its first ttl.
     await eventually(
-        lambda: time.monotonic() - killed > 6.0 + 1.0, timeout=30, what="one ttl went by"
+        lambda: time.monotonic() - killed > ttl + 1.0, timeout=30, what="one ttl went by"
     )
     assert not lease.lost, lease.lost_reason
     assert not waiting.done()
