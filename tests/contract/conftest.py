@@ -21,8 +21,9 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "memory": ("aiodlock.backends.memory", ()),
     "sqlite": ("aiodlock.backends.sqlite", ()),
     "redis": ("aiodlock.backends.redis", (pytest.mark.redis,)),
-    "redis-sentinel": ("aiodlock.backends.redis", (pytest.mark.redis,)),
-    "redis-cluster": ("aiodlock.backends.redis", (pytest.mark.redis,)),
+    # (deployment variants of redis: the whole suite runs them, the fast one does not)
+    "redis-sentinel": ("aiodlock.backends.redis", (pytest.mark.redis, pytest.mark.slow)),
+    "redis-cluster": ("aiodlock.backends.redis", (pytest.mark.redis, pytest.mark.slow)),
     "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
