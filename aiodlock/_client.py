@@ -86,9 +86,6 @@ def _common_config(options: dict[str, Any]) -> CommonConfig:
     watchdog_ttl = take_float(options, "watchdog_ttl", 30.0, minimum=0.03)
     connect_timeout = take_float(options, "connect_timeout", 5.0, allow_zero=False)
     op_timeout = take_float(options, "op_timeout", 5.0, allow_zero=False)
-    assert watchdog_ttl is not None
-    assert connect_timeout is not None
-    assert op_timeout is not None
     return CommonConfig(namespace, watchdog_ttl, connect_timeout, op_timeout)
 
 
@@ -477,7 +474,8 @@ class Client:
         return self.release_hold(self._held(name, key))
 
     async def release_hold(self, hold: Hold) -> None:
-        self._here()
+        # (no loop check here: release() made it, and an ``async with`` exits in the task,
+        # so the loop, that entered it)
         name = hold.name
         hold.count -= 1
         if hold.count > 0:

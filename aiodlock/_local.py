@@ -176,9 +176,15 @@ class LocalWaiters:
 
     # -- waiting ------------------------------------------------------------------------------
 
-    async def attempt(self, entry: Entry, woken: bool = False) -> Grant | Busy:
+    def attempt(self, entry: Entry, woken: bool = False) -> Awaitable[Grant | Busy]:
         """One attempt of a waiting owner (``woken``: a wake-up ended its last sleep): a grant
-        a hand-off delivered (no round trip), else as :meth:`first`."""
+        a hand-off delivered (no round trip), else as :meth:`first` (not a coroutine of its
+        own when no hand-off concerns it: the contended path)."""
+        if entry.transfer is None and entry.delivered is None:
+            return self.first(entry.request, True, entry, woken)
+        return self._handed(entry, woken)
+
+    async def _handed(self, entry: Entry, woken: bool) -> Grant | Busy:
         if entry.transfer is not None:
             # A hand-off to this owner is under way: its answer decides (asking the server
             # meanwhile could take the same grant twice).
@@ -190,10 +196,7 @@ class LocalWaiters:
             return delivered
         # NOTE: no await from the check of entry.delivered to entry.attempting: a release
         # either handed over before (taken above) or sees that flag and picks another receiver.
-        result = await self.first(entry.request, True, entry, woken)
-        if isinstance(result, Grant):
-            entry.granted = True
-        return result
+        return await self.first(entry.request, True, entry, woken)
 
     async def first(
         self, request: Request, will_wait: bool, entry: Entry | None = None, woken: bool = False
@@ -231,6 +234,8 @@ class LocalWaiters:
         finally:
             if entry is not None:
                 entry.attempting = False
+                if isinstance(result, Grant):
+                    entry.granted = True
             if reserved:
                 reservations.end(name)
             if turns:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, overload
 from urllib.parse import parse_qsl, quote, unquote
 
 from ._checks import MAX_SECONDS
@@ -138,6 +138,25 @@ def _bad(name: str, what: str, value: object) -> ConfigurationError:
     return ConfigurationError(f"option {name!r} {what}, got {shown}")
 
 
+@overload
+def take_float(
+    options: MutableMapping[str, Any],
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = ...,
+    allow_zero: bool = ...,
+) -> float: ...
+@overload
+def take_float(
+    options: MutableMapping[str, Any],
+    name: str,
+    default: None,
+    *,
+    minimum: float | None = ...,
+    allow_zero: bool = ...,
+    allow_none: bool = ...,
+) -> float | None: ...
 def take_float(
     options: MutableMapping[str, Any],
     name: str,
@@ -147,6 +166,7 @@ def take_float(
     allow_zero: bool = True,
     allow_none: bool = False,
 ) -> float | None:
+    """Pop a number of seconds: finite, at most a year (a float default: never ``None``)."""
     value = options.pop(name, _MISSING)
     if value is _MISSING:
         return default

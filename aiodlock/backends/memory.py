@@ -152,6 +152,7 @@ class MemoryBackend(Backend):
             return self._attempt(self._key(request.name), request)
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        # (why memory overrides the core's loop: docs/architecture.md, "Deviations")
         key = self._key(request.name)
         space = self._space
         loop = asyncio.get_running_loop()

@@ -235,8 +235,8 @@ class SQLiteBackend(Backend):
             path,
             config,
             busy_timeout=take_float(options, "busy_timeout", None, allow_zero=False),
-            poll_min=take_float(options, "poll_min", 0.005, allow_zero=False) or 0.005,
-            poll_max=take_float(options, "poll_max", 0.1, allow_zero=False) or 0.1,
+            poll_min=take_float(options, "poll_min", 0.005, allow_zero=False),
+            poll_max=take_float(options, "poll_max", 0.1, allow_zero=False),
             synchronous=take_str(options, "synchronous", "full") or "full",
         )
 

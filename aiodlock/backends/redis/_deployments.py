@@ -72,7 +72,7 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
         sentinel_username=take_str(options, "sentinel_username", None),
         client_name=take_str(options, "client_name", None),
         sync_replicas=take_int(options, "sync_replicas", 0, minimum=0, maximum=100),
-        sync_timeout=take_seconds(
+        sync_timeout=take_float(
             options, "sync_timeout", min(1.0, config.op_timeout / 2), allow_zero=False
         ),
         ssl={},
@@ -146,12 +146,6 @@ def parse_settings(url: ParsedURL, config: CommonConfig, options: dict[str, Any]
             raise ConfigurationError("Redis Cluster has only database 0 (option 'db')")
         s.db = db_option
     return s
-
-
-def take_seconds(options: dict[str, Any], name: str, default: float, **limits: Any) -> float:
-    value = take_float(options, name, default, **limits)
-    assert value is not None  # (the default is not None)
-    return value
 
 
 def db_from_path(path: str) -> int:
@@ -569,9 +563,9 @@ def parse_redlock_settings(
         passwords=take_passwords(options, len(hosts)),
         username=take_str(options, "username", url.username),
         node_timeout=take_float(options, "node_timeout", None, allow_zero=False, allow_none=True),
-        drift_factor=take_seconds(options, "drift_factor", 0.01, minimum=0.0),
-        retry_delay=take_seconds(options, "retry_delay", 0.2, allow_zero=False),
-        rejoin_delay=take_seconds(options, "rejoin_delay", 0.0, minimum=0.0),
+        drift_factor=take_float(options, "drift_factor", 0.01, minimum=0.0),
+        retry_delay=take_float(options, "retry_delay", 0.2, allow_zero=False),
+        rejoin_delay=take_float(options, "rejoin_delay", 0.0, minimum=0.0),
         tls=take_bool(options, "ssl", False),
         ssl=take_ssl_options(options),
         shown=url.redacted(),
