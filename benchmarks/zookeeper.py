@@ -229,10 +229,12 @@ async def wakeups(
                             window_done.set()
                 await asyncio.sleep(hold)
                 inside -= 1
-                if "start" in snaps and "end" not in snaps and perf() - entered >= OWN_WATCH:
-                    # (a holder still in after OWN_WATCH may set its own node's watch: one
-                    # read that is no re-listing)
-                    long_holds += 1
+                in_window = "start" in snaps and "end" not in snaps
+            if in_window and perf() - entered >= OWN_WATCH:
+                # (a holder whose node lived OWN_WATCH may have set its own node's watch: one
+                # read that is no re-listing.  Timed to the end of the release: the watch's
+                # timer can fire while the release is on its way)
+                long_holds += 1
             released += 1
             turns.add(index)
 
