@@ -64,8 +64,8 @@ class LocalWaiters:
         self.turns = bool(backend.capabilities & Capability.LOCAL_TURNS)
         #: (local turns) name -> (owner, until): held by that owner of this client
         self._holders: dict[str, tuple[str, float]] = {}
-        #: (local turns) names asked for now -> whether a waiter waits for that answer
-        self._asking: dict[str, bool] = {}
+        #: (local turns) names asked for now -> the waiters turned away meanwhile
+        self._asking: dict[str, list[Entry]] = {}
         self._patience = op_timeout * 2  # (a leaving waiter's wait for a hand-off's answer)
 
     def __bool__(self) -> bool:
@@ -220,12 +220,15 @@ class LocalWaiters:
                 return Busy(barred)  # a release of this client woke another waiter
             reserved = woken and name in reservations
         if turns:
-            if name in self._asking and will_wait:
+            turned_away = self._asking.get(name)
+            if turned_away is not None and will_wait:
                 # Two local owners cannot both win: they would only split the vote.  The
-                # attempt on its way wakes a waiter if it fails.
-                self._asking[name] = True
+                # attempt on its way wakes this waiter if it fails (it may be the first in
+                # the server's line, whom nobody else will wake).
+                if entry is not None:
+                    turned_away.append(entry)
                 return Busy(None)
-            self._asking.setdefault(name, False)
+            self._asking[name] = []
         if entry is not None:
             entry.attempting = True
         result: Grant | Busy | None = None
@@ -244,11 +247,12 @@ class LocalWaiters:
 
     def _asked(self, name: str, owner: str, result: Grant | Busy | None) -> None:
         """(local turns) An attempt on ``name`` is answered (``None``: it raised)."""
-        missed = self._asking.pop(name, False)
+        turned_away = self._asking.pop(name, ())
         if isinstance(result, Grant):
             self._holders[name] = (owner, result.expires_at or float("inf"))
-        elif missed:
-            self._wake_next(name)
+        else:
+            for entry in turned_away:
+                entry.waiter.wake()
 
     def clear(self) -> None:  # (the client closed)
         self._holders.clear()

@@ -76,6 +76,12 @@ class Request:
     #: only for a backend with :attr:`Capability.URGENT`): it takes a place in the server's
     #: line, and nobody barges past the line until it is served (Go's starvation mode).
     urgent: bool = False
+    #: When the owner began to wait, by the wall clock (:func:`time.time`), set by the core
+    #: with ``urgent``: a line that spans servers ranks its waiters by it (Redlock's).
+    waiting_since: float = 0.0
+    #: Set by a backend once an attempt of this request took a place in the server's line
+    #: (a fair or urgent one): the core abandons the request if it ends without a grant.
+    queued: bool = False
 
 
 @dataclasses.dataclass(slots=True)

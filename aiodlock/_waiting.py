@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
@@ -64,8 +65,10 @@ async def acquire_loop(
             woken = False
             while True:
                 if busy is None:
-                    if monotonic() >= urgent_at:
+                    now = monotonic()
+                    if now >= urgent_at:
                         request.urgent = True
+                        request.waiting_since = time.time() - (now - first_sent)
                         urgent_at = math.inf
                     # NOTE: the waiter is live here, so a release after this attempt wakes us.
                     try:
@@ -118,7 +121,7 @@ async def acquire_loop(
         await context.__aexit__(None, None, None)
         return granted
     finally:
-        if not granted and (request.fair or request.urgent):
+        if not granted and (request.fair or request.queued):
             # A fair or urgent request keeps a place in line between attempts: drop it
             # (shielded, as this may run because the task was cancelled).
             with anyio.CancelScope(shield=True):

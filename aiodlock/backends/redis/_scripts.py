@@ -4,7 +4,9 @@ One lock name's keys (one hash tag: one Cluster slot, so one script may touch th
 
     {ns}:{<name>}             hash    {owner: token}   the holder, with a millisecond expiry
     {ns}:{<name>}:token       string  fencing counter, INCR'd once per new grant (never expires)
-    {ns}:{<name>}:queue       list    the line: fair (and urgent) waiters in request order
+    {ns}:{<name>}:line        zset    the line: fair (and urgent) waiters by rank (the server's
+                                      time in µs when they joined, or the client's time when
+                                      they started waiting: Redlock's, the same on every node)
     {ns}:{<name>}:deadlines   zset    the line: owner -> server time (ms) its place lapses
     {ns}:{<name>}:released    channel a release/expiry of the lock is announced here
     {ns}:{<name>}:released:<owner>    the line: the next waiter's own channel
@@ -49,7 +51,7 @@ class LockKeys:
         self.name = name
         self.lock = base = namespace.encode() + b":{" + escape_name(name) + b"}"
         self.counter = base + b":token"
-        self.queue = base + b":queue"
+        self.queue = base + b":line"
         self.deadlines = base + b":deadlines"
         self.channel = base + b":released"
         self.waiter_prefix = base + b":released:"
@@ -79,6 +81,7 @@ def key_table(namespace: str) -> Callable[[str], LockKeys]:
 
 # now_ms(): the server clock.  purge(queue, deadlines, now): drop the lapsed waiters at the
 # head of the line (their process died or stopped retrying); the first live one, or false.
+# first(queue): the member of the lowest rank, or nil.
 _NOW = """
 local function now_ms()
   local t = redis.call('TIME')
@@ -86,13 +89,16 @@ local function now_ms()
 end
 """
 _PURGE = """
+local function first(queue)
+  return redis.call('ZRANGE', queue, 0, 0)[1]
+end
 local function purge(queue, deadlines, now)
   while true do
-    local head = redis.call('LINDEX', queue, 0)
+    local head = first(queue)
     if not head then return false end
     local deadline = redis.call('ZSCORE', deadlines, head)
     if deadline and tonumber(deadline) > now then return head end
-    redis.call('LPOP', queue)
+    redis.call('ZREM', queue, head)
     redis.call('ZREM', deadlines, head)
   end
 end
@@ -135,7 +141,7 @@ local function others_first(queue, deadlines, member)
   local head = purge(queue, deadlines, now)
   if head and head ~= member then return head, now end
   if head then
-    redis.call('LPOP', queue)
+    redis.call('ZREM', queue, head)
     redis.call('ZREM', deadlines, head)
   end
   return false
@@ -191,6 +197,8 @@ ACQUIRE_FAIR = _script(
 -- ARGV[1] owner   ARGV[2] lease ms   ARGV[3] ms a queued owner keeps its place unasked
 -- ARGV[4] '1': queue up when not granted, '0': a try-lock (leaves nothing behind)
 -- ARGV[5] '1': an urgent non-fair waiter (its place is '!' .. owner), '0': a fair one
+-- ARGV[6] its rank in line (µs; lower first): '' = the server's time now (Redlock gives the
+--   same on every node)
 -- returns token (>= 1) granted (or already held by ARGV[1], lease refreshed); -1 - ms:
 --   not granted, ms until something may change unannounced; 0: no such time known
 local owner = ARGV[1]
@@ -202,11 +210,25 @@ if token then
   return tonumber(token)
 end
 local now = now_ms()
+local waiter_ms = tonumber(ARGV[3])
+if ARGV[4] == '1' then
+  -- Take a place first (a new member its rank, which may be ahead of the others; a queued
+  -- one keeps its place, with a new deadline): the first in line takes a free lock.
+  local rank = ARGV[6]
+  if rank == '' then
+    local t = redis.call('TIME')
+    rank = t[1] .. string.format('%06d', tonumber(t[2]))
+  end
+  redis.call('ZADD', KEYS[4], now + waiter_ms, member)
+  redis.call('ZADD', KEYS[3], 'NX', rank, member)
+  redis.call('PEXPIRE', KEYS[3], waiter_ms)
+  redis.call('PEXPIRE', KEYS[4], waiter_ms)
+end
 local head = purge(KEYS[3], KEYS[4], now)
 local free = redis.call('EXISTS', KEYS[1]) == 0
 if free and (not head or head == member) then
   if head then
-    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[3], member)
     redis.call('ZREM', KEYS[4], member)
   end
   token = redis.call('INCR', KEYS[2])
@@ -220,16 +242,7 @@ local function consider(ms)
 end
 if not free then consider(redis.call('PTTL', KEYS[1])) end
 if head and head ~= member then consider(tonumber(redis.call('ZSCORE', KEYS[4], head)) - now) end
-if ARGV[4] == '1' then
-  local waiter_ms = tonumber(ARGV[3])
-  -- (a new member joins the end of the line; a queued one keeps its place, a new deadline)
-  if redis.call('ZADD', KEYS[4], now + waiter_ms, member) == 1 then
-    redis.call('RPUSH', KEYS[3], member)
-  end
-  redis.call('PEXPIRE', KEYS[3], waiter_ms)
-  redis.call('PEXPIRE', KEYS[4], waiter_ms)
-  consider(math.floor(waiter_ms / 3))
-end
+if ARGV[4] == '1' then consider(math.floor(waiter_ms / 3)) end
 if retry < 0 then return 0 end
 return -1 - retry
 """,
@@ -297,18 +310,22 @@ ABANDON = _script(
     "abandon",
     _NOTIFY,
     """
--- Remove an owner's attempt (the lock if it holds it, its place in line); wake the next
+-- Remove an owner's attempt: the lock if it holds it, and its place in line; wake the next
 -- waiter if that frees the way.
 -- KEYS[1] lock hash   KEYS[2] queue   KEYS[3] deadlines
 -- ARGV[1] owner   ARGV[2] the name's channel   ARGV[3] waiters' channel prefix
+-- ARGV[4] '' both; 'hold' the lock only (Redlock undoing the grants of a vote it lost);
+--   'line' the place only (Redlock, on the nodes that did not grant a vote it won)
 -- returns 1 if the owner held the lock (now deleted), else 0
-local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+local held = ARGV[4] ~= 'line' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
 if held then redis.call('DEL', KEYS[1]) end
 local was_head = false
-for _, member in ipairs({ARGV[1], '!' .. ARGV[1]}) do
-  if redis.call('ZREM', KEYS[3], member) == 1 then
-    was_head = redis.call('LINDEX', KEYS[2], 0) == member
-    redis.call('LREM', KEYS[2], 0, member)
+if ARGV[4] ~= 'hold' then
+  for _, member in ipairs({ARGV[1], '!' .. ARGV[1]}) do
+    if redis.call('ZREM', KEYS[3], member) == 1 then
+      was_head = was_head or first(KEYS[2]) == member
+      redis.call('ZREM', KEYS[2], member)
+    end
   end
 end
 if held or (was_head and redis.call('EXISTS', KEYS[1]) == 0) then

@@ -73,9 +73,16 @@ class KeyedBackend(Backend, Generic[S]):
     """What both Redis backends share: their settings, keys, and the hot calls packed once
     (an owner's attempts and releases repeat them)."""
 
+    #: A waiter's rank in line is the time it began to wait by its own clock (the same on
+    #: every node of a Redlock), not the server's time when it joined.
+    ranks_by_client: bool = False
+
     def __init__(self, settings: S, config: CommonConfig) -> None:
         self.settings = settings
         self.config = config
+        #: How long a place in line (a fair or urgent waiter's) is kept without a new
+        #: attempt: as long as a lease (the waiter asks again every third of it).
+        self._lease_waiter_ms = ms(config.watchdog_ttl)
         #: The keys and channels of a lock name in this backend's namespace.
         self.keys_for: Callable[[str], LockKeys] = key_table(config.namespace)
         self._acquire_calls: Callable[[tuple[LockKeys, str, int]], ScriptCall] = memo(
@@ -84,8 +91,22 @@ class KeyedBackend(Backend, Generic[S]):
         self._release_calls: Callable[[tuple[LockKeys, str]], tuple[CallTemplate, ScriptCall]]
         self._release_calls = memo(release_calls)
 
-    def abandon_call(self, keys: LockKeys, owner: str) -> ScriptCall:
-        return ScriptCall(ABANDON, keys.line, (owner, keys.channel, keys.waiter_prefix))
+    def acquire_call(self, keys: LockKeys, request: Request, will_wait: bool) -> ScriptCall:
+        """An attempt: the plain one, or one that takes a place in line (fair, or an urgent
+        waiter's, which is non-fair but lets nobody barge past it)."""
+        owner, lease_ms = request.owner, ms(request.ttl)
+        urgent = request.urgent and will_wait and not request.fair
+        if not (request.fair or urgent):
+            return self._acquire_calls((keys, owner, lease_ms))
+        request.queued = request.queued or will_wait
+        flags = (b"1" if will_wait else b"0", b"1" if urgent else b"0")
+        rank = str(int(request.waiting_since * 1e6)) if self.ranks_by_client else ""
+        args = (owner, lease_ms, self._lease_waiter_ms, *flags, rank)
+        return ScriptCall(ACQUIRE_FAIR, keys.every, args)
+
+    def abandon_call(self, keys: LockKeys, owner: str, only: str = "") -> ScriptCall:
+        """ABANDON: ``only`` "hold" keeps the place in line, "line" keeps the lock."""
+        return ScriptCall(ABANDON, keys.line, (owner, keys.channel, keys.waiter_prefix, only))
 
     def force_release_call(self, name: str) -> ScriptCall:
         keys = self.keys_for(name)
@@ -114,9 +135,6 @@ class RedisBackend(KeyedBackend[Settings]):
 
     def __init__(self, settings: Settings, config: CommonConfig) -> None:
         super().__init__(settings, config)
-        #: How long a place in line (a fair or urgent waiter's) is kept without a new
-        #: attempt: as long as a lease (the waiter asks again every third of it).
-        self._lease_waiter_ms = ms(config.watchdog_ttl)
         self._links: Links | None = None
         self._hub: PubSubHub | None = None
         #: The local waiters by channel, woken by the hub one at a time.
@@ -200,15 +218,8 @@ class RedisBackend(KeyedBackend[Settings]):
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         name, owner, ttl = request.name, request.owner, request.ttl
         keys = self.keys_for(name)
-        # (an urgent waiter takes a place in line, as a fair one does)
-        urgent = request.urgent and will_wait and not request.fair
         started = monotonic()
-        if request.fair or urgent:
-            flags = (b"1" if will_wait else b"0", b"1" if urgent else b"0")
-            args = (owner, ms(ttl), self._lease_waiter_ms, *flags)
-            call = ScriptCall(ACQUIRE_FAIR, keys.every, args)
-        else:
-            call = self._acquire_calls((keys, owner, ms(ttl)))
+        call = self.acquire_call(keys, request, will_wait)
         # The script answers the token (>= 1) if granted; else -1 - ms until a retry may be
         # worth it (the holder's remaining lease...), or 0 when no such time is known.
         if self.settings.sync_replicas:

@@ -39,6 +39,8 @@ log = logging.getLogger("aiodlock")
 #: ``node_timeout`` when not given: ``min(50 ms, ttl / 100)`` but at least this.
 MIN_NODE_TIMEOUT: Final = 0.01
 MAX_AUTO_NODE_TIMEOUT: Final = 0.05
+#: The longest pause after a split vote of a waiter in line (urgent).
+SPLIT_IN_LINE: Final = 0.005
 #: Added to ``ttl * drift_factor`` (the Redlock paper's 2 ms for the timer resolution).
 DRIFT_FLOOR: Final = 0.002
 
@@ -57,7 +59,10 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
 
     backend_name = "redlock"
     # NOTE: FENCING holds only under the conditions the docs list (no counter lost).
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS
+    capabilities = (
+        Capability.FENCING | Capability.CROSS_PROCESS | Capability.LOCAL_TURNS | Capability.URGENT
+    )
+    ranks_by_client = True
 
     def __init__(self, settings: RedlockSettings, config: CommonConfig) -> None:
         super().__init__(settings, config)
@@ -178,7 +183,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         ballot = Votes(len(nodes), quorum, acquire=True, after=self._after)
         # NOTE: a majority of yes is enough: the other nodes' answers still come (in order
         # on their connections, before any later request of ours there).
-        self.fan.start(nodes, self._acquire_calls((keys, owner, ms(ttl))), ballot)
+        self.fan.start(nodes, self.acquire_call(keys, request, will_wait), ballot)
+        in_line = request.urgent and will_wait
         await self.fan.finish(ballot, timeout=timeout, patience=0.0)
         drift = self.drift(ttl)
         tokens = ballot.tokens
@@ -189,6 +195,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
                 keys, tokens, token, timeout
             )
             if level and monotonic() - started + drift < ttl:
+                if in_line:
+                    self._leave_line(keys, owner, tokens)
                 data = GrantData(keys, tokens, token)
                 return Grant(request.name, owner, token, started + ttl - drift, data)
         outcomes = self.fan.outcomes(nodes, ballot.replies, "acquire", timeout)
@@ -208,7 +216,9 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         # even where the attempt's answer is still on its way.
         undo = [node for node in nodes if node.index not in busy_nodes]
         if undo:
-            await self._undo(keys, owner, undo)
+            # (an urgent waiter keeps its places in line: its rank, the same on every node,
+            # wins the next vote unless an older waiter's does)
+            await self._undo(keys, owner, undo, "hold" if in_line else "")
         if broken > len(nodes) - quorum:
             # NOTE: only failures that a second attempt at once will not cure (refused
             # connections, errors): timeouts are retried, as a stall of this process makes
@@ -230,8 +240,11 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             pttls = sorted(p for p in busy_pttls if p >= 0)
             needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
             return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
-        # A split vote (or nodes not counted yet): try again after a random pause.
-        return Busy(random.uniform(0.0, self.settings.retry_delay), pause=True)
+        # A split vote (or nodes not counted yet): try again after a random pause.  (Short
+        # for a waiter in line: the lines rank alike on every node, so the next vote of the
+        # first in line wins; a split only comes from waiters joining at once.)
+        pause = self.settings.retry_delay
+        return Busy(random.uniform(0.0, min(pause, SPLIT_IN_LINE) if in_line else pause), True)
 
     async def _raise_counters(
         self, keys: LockKeys, tokens: dict[int, int], token: int, timeout: float
@@ -250,11 +263,22 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
                 level += 1
         return level >= self.quorum
 
-    async def _undo(self, keys: LockKeys, owner: str, nodes: Sequence[Node]) -> list[Outcome]:
-        """Remove ``owner``'s keys from ``nodes``, all at once."""
+    def _leave_line(self, keys: LockKeys, owner: str, granted: dict[int, int]) -> None:
+        """An urgent waiter's vote is won: leave its place in line on the nodes that did not
+        grant (the others dropped it with their grant).  Not awaited: it goes ahead of any
+        later request there; if it fails, the place lapses unasked (``watchdog_ttl``)."""
+        call = self.abandon_call(keys, owner, "line")
+        for node in self.nodes:
+            if node.index not in granted:
+                node.link.eval(call, _ignore)
+
+    async def _undo(
+        self, keys: LockKeys, owner: str, nodes: Sequence[Node], only: str = ""
+    ) -> list[Outcome]:
+        """Remove ``owner``'s keys from ``nodes``, all at once (``only``: see ABANDON)."""
         return await self.fan(
             nodes,
-            self.abandon_call(keys, owner),
+            self.abandon_call(keys, owner, only),
             what="abandon",
             timeout=self.config.op_timeout,
             patience=self._patience,
@@ -268,7 +292,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             self.board,
             [node.hub for node in self.nodes],
             self.keys_for(request.name).channel,
-            None,
+            # (once urgent, in line: the message that calls it names it)
+            request.owner.encode("utf-8", "surrogatepass"),
             Backoff(delay, delay),
             need=self.quorum,
             bound=min(self.config.op_timeout, max(0.25, 5 * self._patience)),
@@ -392,6 +417,10 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         call = self.force_release_call(name)
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
+
+
+def _ignore(reply: Any) -> None:
+    pass
 
 
 def grant_data(grant: Grant) -> GrantData:

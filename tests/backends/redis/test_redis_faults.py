@@ -304,7 +304,7 @@ async def test_cancelled_waiter_leaves_no_key_and_no_subscription(
         for iterations in (0, 1, 2, 3, 5, 8, 13, 40, 200):
             await _cancel_after(client.lock(name, fair=fair).acquire(), iterations)
             assert backend_of(client).hub.channels() == []
-            assert await raw.exists(f"{namespace}:{{{name}}}:queue") == 0
+            assert await raw.exists(f"{namespace}:{{{name}}}:line") == 0
         await holder.lock(name, fair=fair).release()
     assert await keys_of(raw, namespace) == []
 

@@ -258,7 +258,7 @@ async def test_fair_try_lock_leaves_nothing_behind(
     b = await make_client()
     async with a.lock("try-fair", fair=True):
         assert await b.lock("try-fair", fair=True).try_acquire() is None
-        assert await raw.exists(f"{namespace}:{{try-fair}}:queue") == 0
+        assert await raw.exists(f"{namespace}:{{try-fair}}:line") == 0
         assert await raw.exists(f"{namespace}:{{try-fair}}:deadlines") == 0
     assert await keys_of(raw, namespace) == []
 
@@ -271,13 +271,13 @@ async def test_fair_timeout_and_cancel_leave_no_queue_entry(
     await a.lock("leave", fair=True).acquire()
     with pytest.raises(aiodlock.LockTimeout):
         await b.lock("leave", fair=True).acquire(timeout=0.2)
-    assert await raw.exists(f"{namespace}:{{leave}}:queue") == 0
+    assert await raw.exists(f"{namespace}:{{leave}}:line") == 0
     task = asyncio.create_task(b.lock("leave", fair=True).acquire(timeout=HANG))
     await eventually(lambda: _queued_at_least(a, "leave", 1))
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await raw.exists(f"{namespace}:{{leave}}:queue") == 0
+    assert await raw.exists(f"{namespace}:{{leave}}:line") == 0
     assert await raw.exists(f"{namespace}:{{leave}}:deadlines") == 0
     await a.lock("leave", fair=True).release()
     assert await keys_of(raw, namespace) == []
@@ -289,12 +289,12 @@ async def test_fair_dead_waiter_is_purged_by_its_deadline(
     a = await make_client()
     b = await make_client()
     await a.lock("purge", fair=True).acquire()
-    queue = f"{namespace}:{{purge}}:queue"
+    queue = f"{namespace}:{{purge}}:line"
     deadlines = f"{namespace}:{{purge}}:deadlines"
     # A waiter at the head of the queue whose process died: it never takes its turn.
     seconds, micros = await raw.time()
     now_ms = seconds * 1000 + micros // 1000
-    await raw.rpush(queue, "dead-process:7")
+    await raw.zadd(queue, {"dead-process:7": 0})  # (ranked first: the line is a zset)
     await raw.zadd(deadlines, {"dead-process:7": now_ms + 600})
     waiting = asyncio.create_task(b.lock("purge", fair=True).acquire(timeout=HANG))
     await eventually(lambda: _queued_at_least(a, "purge", 2))
@@ -303,7 +303,7 @@ async def test_fair_dead_waiter_is_purged_by_its_deadline(
     lease = await asyncio.wait_for(waiting, HANG)
     assert time.monotonic() - started < 3.0  # at the dead waiter's deadline, not later
     assert lease.token >= 2
-    assert await raw.lrange(queue, 0, -1) == []
+    assert await raw.zrange(queue, 0, -1) == []
 
 
 async def test_fair_release_notifies_only_the_next_waiter(

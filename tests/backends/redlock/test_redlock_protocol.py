@@ -293,3 +293,70 @@ async def test_a_name_held_by_another_task_of_the_client_is_not_asked_for(
         with pytest.raises(aiodlock.LockTimeout):
             await asyncio.create_task(client.lock("here", timeout=0.3).acquire())
         assert await _script_calls(raw) == before
+
+
+# -- the line of urgent waiters (no process starves another) -------------------------------
+
+
+async def test_an_urgent_waiter_has_one_rank_on_every_node_and_leaves_with_its_grant(
+    make_client: ClientFactory, raw: list[aioredis.Redis], namespace: str
+) -> None:
+    holder = await make_client()
+    waiter = await make_client()
+    keys = LockKeys(namespace, "line")
+    await holder.lock("line").acquire()
+    granted: asyncio.Future[aiodlock.Lease] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async def wait_then_hold() -> None:
+        async with waiter.lock("line", timeout=HANG) as lease:
+            granted.set_result(lease)
+            await done.wait()
+
+    task = asyncio.create_task(wait_then_hold())
+
+    async def in_every_line() -> bool:
+        lines = [await r.zrange(keys.queue, 0, -1, withscores=True) for r in raw]
+        return all(len(line) == 1 for line in lines) and len({line[0] for line in lines}) == 1
+
+    # (after URGENT_AFTER of waiting, its attempts take a place in every node's line, ranked
+    # by when it began to wait: the same rank everywhere, so every node puts it in one order)
+    await eventually(in_every_line, what="the waiter's place on every node")
+    (member, rank), *_ = await raw[0].zrange(keys.queue, 0, -1, withscores=True)
+    assert member.startswith(b"!")
+    assert abs(rank / 1e6 - time.time()) < 30
+    await holder.lock("line").release()
+    lease = await asyncio.wait_for(granted, HANG)
+    assert member == b"!" + lease.owner.encode()
+    for r in raw:
+        # (the nodes that granted dropped the place with the grant, the others are told to)
+        await eventually(lambda r=r: _no_line(r, keys), what="a place left in line")
+    done.set()
+    await asyncio.wait_for(task, HANG)
+    await no_keys_left(raw, namespace)
+
+
+async def _no_line(r: aioredis.Redis, keys: LockKeys) -> bool:
+    return not await r.exists(keys.queue) and not await r.exists(keys.deadlines)
+
+
+async def test_a_waiter_ranked_ahead_of_the_first_in_line_takes_a_free_lock_at_once(
+    raw: list[aioredis.Redis], namespace: str
+) -> None:
+    # A waiter that began to wait earlier, but joins the line only now (another task of its
+    # process held the name meanwhile), must not wait behind the one a release has called.
+    from aiodlock.backends.redis._scripts import ACQUIRE_FAIR
+
+    keys = LockKeys(namespace, "rank")
+    r = raw[0]
+
+    async def attempt(owner: str, rank: int) -> int:
+        args = (owner, 30_000, 30_000, 1, 1, rank)
+        return int(await r.eval(ACQUIRE_FAIR.source, 4, *keys.every, *args))  # type: ignore[misc]
+
+    await r.hset(keys.lock, "holder", 1)
+    assert await attempt("late", 2_000) < 0  # held: takes its place
+    await r.delete(keys.lock)  # released: "late" is the first in line, called
+    assert await attempt("early", 1_000) >= 1  # ranked ahead: granted at once
+    assert await r.hgetall(keys.lock) == {b"early": b"1"}
+    assert await r.zrange(keys.queue, 0, -1) == [b"!late"]
