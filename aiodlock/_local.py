@@ -137,16 +137,11 @@ class LocalWaiters:
             if holder is not None and holder[0] == grant.owner:
                 del self._holders[name]
             entries = self._names.get(name)
-            if entries and (
-                self._wake_next(name, grant.owner) or any(e.attempting for e in entries.values())
-            ):
+            receiver = self.receiver(name, grant.owner) if entries else None
+            if receiver is not None:
+                receiver.waiter.wake()
+            if entries and (receiver or any(e.attempting for e in entries.values())):
                 self.reservations.reserve(name)
-
-    def _wake_next(self, name: str, releaser: str = "") -> bool:
-        entry = self.receiver(name, releaser)
-        if entry is not None:
-            entry.waiter.wake()
-        return entry is not None
 
     async def _transfer(self, grant: Grant, entry: Entry) -> bool:
         """Release ``grant`` handing the name to ``entry`` in one round trip."""

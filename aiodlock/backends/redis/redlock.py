@@ -23,7 +23,7 @@ from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
-from ._quorum import Node, Outcome, Quorum, Votes, answered
+from ._quorum import Gather, Node, Outcome, Quorum, Votes, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
 from ._wire import Address, Link, Listening, OnReply, PubSubHub, ScriptCall, hello, pack
 from .backend import KeyedBackend, ms
@@ -240,9 +240,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
             pttls = sorted(p for p in busy_pttls if p >= 0)
             needed = max(1, quorum - (len(nodes) - len(busy_nodes) - failed))
             return Busy(pttls[needed - 1] / 1000 if len(pttls) >= needed else None)
-        # A split vote (or nodes not counted yet): try again after a random pause.  (Short
-        # for a waiter in line: the lines rank alike on every node, so the next vote of the
-        # first in line wins; a split only comes from waiters joining at once.)
+        # A split vote (or nodes not counted yet): try again after a random pause (short for
+        # a waiter in line: every node ranks the line alike, the first in line wins next).
         pause = self.settings.retry_delay
         return Busy(random.uniform(0.0, min(pause, SPLIT_IN_LINE) if in_line else pause), True)
 
@@ -267,10 +266,8 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         """An urgent waiter's vote is won: leave its place in line on the nodes that did not
         grant (the others dropped it with their grant).  Not awaited: it goes ahead of any
         later request there; if it fails, the place lapses unasked (``watchdog_ttl``)."""
-        call = self.abandon_call(keys, owner, "line")
-        for node in self.nodes:
-            if node.index not in granted:
-                node.link.eval(call, _ignore)
+        others = [node for node in self.nodes if node.index not in granted]
+        self.fan.start(others, self.abandon_call(keys, owner, "line"), Gather(len(others)))
 
     async def _undo(
         self, keys: LockKeys, owner: str, nodes: Sequence[Node], only: str = ""
@@ -417,10 +414,6 @@ class RedlockBackend(KeyedBackend[RedlockSettings]):
         call = self.force_release_call(name)
         outcomes = await self._majority(call, f"force_release of {name!r}", self.config.op_timeout)
         return any(o == 1 for o in outcomes)
-
-
-def _ignore(reply: Any) -> None:
-    pass
 
 
 def grant_data(grant: Grant) -> GrantData:
