@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "etcd_server",
     "log",
     "redis_masters",
     "redis_server",
@@ -95,3 +96,10 @@ def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]
 def log(message: str) -> None:
     """A progress line on stderr."""
     print(message, file=sys.stderr, flush=True)
+
+
+def etcd_server() -> contextlib.AbstractContextManager[Any]:
+    """A throw-away single etcd member."""
+    return temporary_server(
+        "etcd", lambda servers, base: servers.EtcdServer(base), "aiodlock-bench-etcd-"
+    )
