@@ -19,6 +19,10 @@ another's numbers.
     python -m benchmarks.etcd            # everything (~2 minutes)
     python -m benchmarks.etcd --quick    # a smoke run (numbers are noise)
 
+aetcd comes with the ``bench`` extra; python-etcd3 pins protobuf 3.6 and grpcio 1.27, which
+would break etcd3aio, so install it by hand: ``pip install --no-deps etcd3 tenacity six``.
+A peer that does not import is skipped.
+
 Writes ``benchmarks/results/<name>.json`` and ``.md`` (name: ``etcd``) and prints the targets
 of issue 13 (PASS/FAIL).  The numbers are in docs/benchmarks.md.
 """
