@@ -146,9 +146,9 @@ async def _length_is(client: aiodlock.Client, zk: Any, name: str, n: int) -> boo
 
 @pytest.mark.parametrize("separate", [False, True], ids=["one-client", "client-per-waiter"])
 async def test_release_wakes_only_the_next_waiter(
+    logged_server: RequestLogZooKeeper,  # (first: its server outlives the clients' closing)
     make_client: ClientFactory,
     raw: RawFactory,
-    logged_server: RequestLogZooKeeper,
     separate: bool,
 ) -> None:
     """Each handoff fires exactly one watch, and at most one listing: no herd.
