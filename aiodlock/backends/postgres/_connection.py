@@ -1,0 +1,203 @@
+"""The two connections of a client: the holder (every advisory lock of the client lives on
+its session; asyncpg runs one statement at a time on a connection) and the listener (LISTEN
+on the namespace's channel, waking the local waiter of the key a NOTIFY names)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from ..._errors import BackendError
+from ..._types import monotonic
+from ..._wakeup import Timer, WakeupBoard
+
+__all__ = ["Holder", "Listener"]
+
+T = TypeVar("T")
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+#: ``(generation, reason)``: the holder connection of that generation ended.
+OnEnd = Callable[[int, str], None]
+
+CLOSED = "postgres: the client is not open (or was closed)"
+
+
+async def _close(conn: asyncpg.Connection, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await conn.close()
+    except Exception:
+        conn.terminate()
+
+
+class Holder:
+    """The holder connection: one statement at a time, each bounded by ``op_timeout``.  A
+    connection that did not answer in time is discarded (its state is unknown); its end, by
+    us, the server or the network, goes to ``on_end(generation, reason)``: every advisory
+    lock of its session ended with it.  While ``needed()`` (locks are held), a keep-alive on
+    the core's :class:`Timer` sends ``SELECT 1`` after ``op_timeout / 2`` of silence, bounded
+    by ``op_timeout / 2``: a server that stops answering is found within ``op_timeout``."""
+
+    def __init__(
+        self, connect: Connect, op_timeout: float, on_end: OnEnd, needed: Callable[[], bool]
+    ) -> None:
+        self._connect = connect
+        self.op_timeout = op_timeout
+        self._on_end = on_end
+        self._needed = needed
+        self.conn: asyncpg.Connection | None = None
+        #: Counts the connection's lives (a grant remembers the one it was made on).
+        self.generation = 0
+        self.pid: int | None = None  # the server process of the session
+        self.closed = False
+        self._mutex = asyncio.Lock()
+        self._last = 0.0  # when the server last answered
+        self._timer = Timer(self._due)
+        self._ping: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def session(self, *, connect: bool = True) -> AsyncIterator[asyncpg.Connection | None]:
+        """The connection, for this task alone (opened when ``connect`` and there is none)."""
+        async with self._mutex:
+            if self.closed:
+                raise BackendError(CLOSED)
+            conn = self.conn
+            if conn is None and connect:
+                conn = await self._open()
+            yield conn
+
+    async def _open(self) -> asyncpg.Connection:
+        conn = await self._connect()
+        if self.closed:
+            conn.terminate()
+            raise BackendError(CLOSED)
+        self.generation += 1
+        self.conn, self.pid, self._last = conn, conn.get_server_pid(), monotonic()
+        conn.add_termination_listener(self._terminated)
+        return conn
+
+    async def call(self, conn: asyncpg.Connection, step: Awaitable[T], timeout: float = 0) -> T:
+        """Await ``step`` (a statement on ``conn``) within ``timeout`` (op_timeout)."""
+        try:
+            async with asyncio.timeout(timeout or self.op_timeout):
+                result = await step
+        except TimeoutError:
+            wait = timeout or self.op_timeout
+            self.discard(conn, f"the server did not answer within {wait:g} s (op_timeout)")
+            raise
+        self._last = monotonic()
+        return result
+
+    def discard(self, conn: asyncpg.Connection, reason: str) -> None:
+        """Drop ``conn`` (its state is unknown): its session, and its locks, end."""
+        if conn is self.conn:
+            self._end(reason)
+        conn.terminate()
+
+    def _terminated(self, conn: Any) -> None:
+        if conn is self.conn:
+            self._end("the connection to the server was lost (a restart, a terminated session)")
+
+    def _end(self, reason: str) -> None:
+        generation = self.generation
+        self.conn = self.pid = None
+        self.generation += 1
+        self._timer.cancel()
+        self._on_end(generation, reason)
+
+    def keep_alive(self) -> None:
+        """Locks are held: make sure the keep-alive runs."""
+        if self.conn is not None:
+            self._timer.at(self._last + self.op_timeout / 2)
+
+    def _due(self, now: float) -> float | None:
+        if self.conn is None or self.closed or not self._needed():
+            return None
+        due = self._last + self.op_timeout / 2
+        if due > now:
+            return due
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.get_running_loop().create_task(self._send_ping())
+        return now + self.op_timeout / 2
+
+    async def _send_ping(self) -> None:
+        with contextlib.suppress(Exception):
+            async with self.session(connect=False) as conn:
+                if conn is not None and self._last + self.op_timeout / 2 <= monotonic():
+                    await self.call(conn, conn.fetchval("SELECT 1"), self.op_timeout / 2)
+
+    async def close(self) -> None:
+        self.closed = True
+        self._timer.cancel()
+        if self._ping is not None:
+            self._ping.cancel()
+        conn, self.conn, self.pid = self.conn, None, None
+        self.generation += 1
+        if conn is not None:
+            await _close(conn, self.op_timeout)
+
+
+class Listener:
+    """The LISTEN connection: a NOTIFY on ``channel`` wakes ONE local waiter of the key it
+    names (its board is keyed by the key as text).  Opened by the first waiter; when it ends,
+    every waiter asks again and polls until a later waiter opens it again."""
+
+    def __init__(self, connect: Connect, channel: str, op_timeout: float) -> None:
+        self._connect = connect
+        self.channel = channel
+        self.op_timeout = op_timeout
+        self.board = WakeupBoard()
+        self.conn: asyncpg.Connection | None = None
+        #: Since when a NOTIFY reaches this listener (None: not listening).
+        self.since: float | None = None
+        self.closed = False
+        #: Counters (for tests and benchmarks): NOTIFY messages heard, and those that woke one.
+        self.heard = 0
+        self.woke = 0
+        self._mutex = asyncio.Lock()
+
+    def listening(self) -> bool:
+        return self.conn is not None and not self.conn.is_closed()
+
+    async def ensure(self) -> None:
+        """Listen (one connection, one ``LISTEN``) unless it does already."""
+        if self.listening() or self.closed:
+            return
+        async with self._mutex:
+            if self.listening() or self.closed:
+                return
+            conn = await self._connect()
+            try:
+                async with asyncio.timeout(self.op_timeout):
+                    await conn.add_listener(self.channel, self._notified)
+            except BaseException:
+                conn.terminate()
+                raise
+            if not self._usable():  # (closed meanwhile)
+                conn.terminate()
+                return
+            conn.add_termination_listener(self._terminated)
+            self.conn, self.since = conn, monotonic()
+
+    def _usable(self) -> bool:
+        return not self.closed
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        self.heard += 1
+        if self.board.wake_one(payload):
+            self.woke += 1
+
+    def _terminated(self, conn: Any) -> None:
+        if conn is self.conn:
+            self.conn = self.since = None
+            for key in self.board.names():
+                self.board.wake_all(key)  # releases may go unheard: ask again, then poll
+
+    async def close(self) -> None:
+        self.closed = True
+        conn, self.conn, self.since = self.conn, None, None
+        if conn is not None:
+            await _close(conn, self.op_timeout)
