@@ -14,6 +14,7 @@ import asyncpg
 from ..._errors import BackendError
 from ..._types import monotonic
 from ..._wakeup import Timer, WakeupBoard
+from . import _statements as sql
 
 __all__ = ["Holder", "Listener"]
 
@@ -141,18 +142,23 @@ class Holder:
 
 
 class Listener:
-    """The LISTEN connection: a NOTIFY on ``channel`` wakes ONE local waiter of the key it
-    names (its board is keyed by the key as text).  Opened by the first waiter; when it ends,
-    every waiter asks again and polls until a later waiter opens it again."""
+    """The LISTEN connection.  A client waiting for a key has a row in the waiters table (the
+    key, this session's pid) while any of its tasks waits for it; a release NOTIFYs the key
+    and the pid of the client that waited longest, and that client alone wakes ONE waiter of
+    the key (its board is keyed by the key as text).  Opened by the first waiter; when it
+    ends, every waiter asks again and polls until a later waiter opens it again."""
 
-    def __init__(self, connect: Connect, channel: str, op_timeout: float) -> None:
+    def __init__(self, connect: Connect, channel: str, waiters: str, op_timeout: float) -> None:
         self._connect = connect
         self.channel = channel
         self.op_timeout = op_timeout
+        self._join = sql.join_line(waiters)
+        self._leave = sql.leave_line(waiters)
         self.board = WakeupBoard()
         self.conn: asyncpg.Connection | None = None
-        #: Since when a NOTIFY reaches this listener (None: not listening).
-        self.since: float | None = None
+        self.pid = 0  # the LISTEN session's server process
+        #: Keys this session has a row for in the waiters table, and since when.
+        self.joined: dict[int, float] = {}
         self.closed = False
         #: Counters (for tests and benchmarks): NOTIFY messages heard, and those that woke one.
         self.heard = 0
@@ -162,42 +168,80 @@ class Listener:
     def listening(self) -> bool:
         return self.conn is not None and not self.conn.is_closed()
 
-    async def ensure(self) -> None:
-        """Listen (one connection, one ``LISTEN``) unless it does already."""
-        if self.listening() or self.closed:
+    def listening_for(self, key: int) -> bool:
+        return key in self.joined and self.listening()
+
+    async def join(self, key: int) -> float | None:
+        """Listen (one connection, one ``LISTEN``) and take a row in the line of ``key``;
+        since when a release of it reaches this client (None: it does not)."""
+        if self.listening_for(key) or self.closed:
+            return self.joined.get(key)
+        async with self._mutex:
+            conn = self.conn
+            if conn is None or conn.is_closed():
+                conn = await self._listen()
+            if conn is not None and key not in self.joined:
+                await self._call(conn, conn.execute(self._join, key))
+                self.joined[key] = monotonic()
+        return self.joined.get(key)
+
+    async def leave(self, key: int) -> None:
+        """The last local waiter of ``key`` left: leave its line (a failure ends the LISTEN
+        session, whose rows then count as gone)."""
+        if key not in self.joined or self.board.count(str(key)):
             return
         async with self._mutex:
-            if self.listening() or self.closed:
+            conn = self.conn
+            if key not in self.joined or self.board.count(str(key)) or conn is None:
                 return
-            conn = await self._connect()
+            del self.joined[key]
             try:
-                async with asyncio.timeout(self.op_timeout):
-                    await conn.add_listener(self.channel, self._notified)
+                await self._call(conn, conn.execute(self._leave, key))
             except BaseException:
                 conn.terminate()
                 raise
-            if not self._usable():  # (closed meanwhile)
-                conn.terminate()
-                return
-            conn.add_termination_listener(self._terminated)
-            self.conn, self.since = conn, monotonic()
+
+    async def _call(self, conn: asyncpg.Connection, step: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                return await step
+        except TimeoutError:
+            conn.terminate()
+            raise
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        conn = await self._connect()
+        try:
+            await self._call(conn, conn.add_listener(self.channel, self._notified))
+        except BaseException:
+            conn.terminate()
+            raise
+        if not self._usable():  # (closed meanwhile)
+            conn.terminate()
+            return None
+        conn.add_termination_listener(self._terminated)
+        self.conn, self.pid = conn, conn.get_server_pid()
+        return conn
 
     def _usable(self) -> bool:
         return not self.closed
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         self.heard += 1
-        if self.board.wake_one(payload):
+        key, _, called = payload.partition(" ")
+        if called in ("0", str(self.pid)) and self.board.wake_one(key):
             self.woke += 1
 
     def _terminated(self, conn: Any) -> None:
         if conn is self.conn:
-            self.conn = self.since = None
+            self.conn, self.pid = None, 0
+            self.joined.clear()
             for key in self.board.names():
                 self.board.wake_all(key)  # releases may go unheard: ask again, then poll
 
     async def close(self) -> None:
         self.closed = True
-        conn, self.conn, self.since = self.conn, None, None
+        conn, self.conn = self.conn, None
+        self.joined.clear()
         if conn is not None:
             await _close(conn, self.op_timeout)

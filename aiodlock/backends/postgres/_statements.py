@@ -54,8 +54,46 @@ def try_lock(table: str) -> str:
     )
 
 
-#: $1 key, $2 channel -> was it held (the NOTIFY goes out at the statement's commit).
-UNLOCK = "SELECT pg_advisory_unlock($1::bigint), pg_notify($2::text, $1::bigint::text)"
+def create_waiters(waiters: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {waiters} ("
+        " key bigint NOT NULL,"
+        " pid integer NOT NULL,"  # the waiting client's LISTEN session
+        " since timestamptz NOT NULL DEFAULT clock_timestamp(),"
+        " PRIMARY KEY (key, pid))"
+    )
+
+
+#: A session that no longer exists (its client died without leaving the line).
+_DEAD = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a WHERE a.pid IS NOT NULL)"
+
+
+def join_line(waiters: str) -> str:
+    """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way)."""
+    return (
+        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
+        + _DEAD.format(pid="pid")
+        + f") INSERT INTO {waiters} (key, pid) VALUES ($1::bigint, pg_backend_pid()) "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
+def leave_line(waiters: str) -> str:
+    return f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
+
+
+def unlock(waiters: str) -> str:
+    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) names
+    the key and the LISTEN session of the client that has waited longest, so that one client
+    alone wakes (one of its waiters); none is sent when nobody waits."""
+    return (
+        "SELECT pg_advisory_unlock($1::bigint), "
+        "(SELECT pg_notify($2::text, $1::bigint::text || ' ' || w.pid::text) FROM "
+        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
+        + _DEAD.format(pid="pid")
+        + " ORDER BY since LIMIT 1) w)"
+    )
+
 
 _HELD_BY = (
     "FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
@@ -80,8 +118,9 @@ TERMINATE = (
     f" FROM (SELECT DISTINCT l.pid {_HELD_BY} AND l.pid <> pg_backend_pid()) h"
 )
 
-#: $1 channel, $2 key: announce a release the holder's session could not announce.
-NOTIFY = "SELECT pg_notify($1::text, $2::bigint::text)"
+#: $1 channel, $2 key: announce a release the holder's session could not announce, to one
+#: waiter of every client ("0": no session named).
+NOTIFY = "SELECT pg_notify($1::text, $2::bigint::text || ' 0')"
 
 
 def encode(text: str) -> bytes:

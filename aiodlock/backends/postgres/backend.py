@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
 from urllib.parse import quote
 
+import anyio
 import asyncpg
 
 from ..._errors import BackendError, ConfigurationError, Unsupported, translating
@@ -110,6 +112,8 @@ class PostgresBackend(Backend):
         table = take_str(options, "table", "aiodlock_tokens") or "aiodlock_tokens"
         self.table = table
         self._table = sql.quote_ident(table)
+        self._waiters = sql.quote_ident(f"{table}_waiters")
+        self._unlock = sql.unlock(self._waiters)
         self.poll_interval = take_float(options, "poll_interval", 1.0, allow_zero=False)
         self.application_name = take_str(options, "application_name", "aiodlock")
         self.channel = sql.channel_of(config.namespace)
@@ -180,15 +184,19 @@ class PostgresBackend(Backend):
         self._on_lost = on_lost
         op = self.config.op_timeout
         self._holder = Holder(self._connect, op, self._ended, lambda: bool(self._held))
-        self._listener = Listener(self._connect, self.channel, op)
+        self._listener = Listener(self._connect, self.channel, self._waiters, op)
         try:
             async with self.holder.session() as conn:
                 assert conn is not None
                 with self._translate("create the token table"):
-                    try:
-                        await self.holder.call(conn, conn.execute(sql.create_table(self._table)))
-                    except asyncpg.UniqueViolationError:
-                        pass  # another client created it at the same moment
+                    for create in (
+                        sql.create_table(self._table),
+                        sql.create_waiters(self._waiters),
+                    ):
+                        try:
+                            await self.holder.call(conn, conn.execute(create))
+                        except asyncpg.UniqueViolationError:
+                            pass  # another client created it at the same moment
         except BaseException:
             await self.aclose()
             raise
@@ -259,21 +267,27 @@ class PostgresBackend(Backend):
                 return grant
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        return self._waiter(str(self.key(request.name)))
+        return self._waiter(self.key(request.name))
 
     @contextlib.asynccontextmanager
-    async def _waiter(self, key: str) -> AsyncIterator[Waiter]:
+    async def _waiter(self, key: int) -> AsyncIterator[Waiter]:
         listener = self.listener
-        slot = listener.board.add(key)
+        slot = listener.board.add(str(key))
         try:
+            since = None
             # (unable to listen, it polls until a later waiter can)
             with contextlib.suppress(BackendError), self._translate("listen"):
-                await listener.ensure()
-            waiter = BoardWaiter(slot, Backoff(0.01, self.poll_interval), listener.listening)
-            waiter.listening_since = listener.since
+                since = await listener.join(key)
+            listening = functools.partial(listener.listening_for, key)
+            waiter = BoardWaiter(slot, Backoff(0.01, self.poll_interval), listening)
+            waiter.listening_since = since
             yield waiter
         finally:
             listener.board.remove(slot)
+            if not listener.board.count(str(key)):
+                shielded = anyio.CancelScope(shield=True)
+                with shielded, contextlib.suppress(BackendError), self._translate("leave"):
+                    await listener.leave(key)
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """The session is the lease: one ``SELECT 1`` proves it still lives."""
@@ -301,7 +315,7 @@ class PostgresBackend(Backend):
                     return False
                 del self._held[held.key]
                 try:
-                    step = conn.fetchrow(sql.UNLOCK, held.key, self.channel)
+                    step = conn.fetchrow(self._unlock, held.key, self.channel)
                     row = await holder.call(conn, step)
                 except BaseException as exc:
                     if not isinstance(exc, _SESSION_ENDED):
@@ -326,7 +340,7 @@ class PostgresBackend(Backend):
                     return  # the session ended: nothing of it is left
                 try:
                     # Unlock what the attempt may have taken (false, and a warning, if not).
-                    await holder.call(conn, conn.fetchrow(sql.UNLOCK, key, self.channel))
+                    await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
                 except BaseException as exc:
                     if not isinstance(exc, _SESSION_ENDED):
                         holder.discard(conn, f"a clean-up was interrupted ({type(exc).__name__})")
@@ -359,7 +373,7 @@ class PostgresBackend(Backend):
                 assert conn is not None
                 grant = self._held.pop(key, None)
                 if grant is not None:
-                    row = await holder.call(conn, conn.fetchrow(sql.UNLOCK, key, self.channel))
+                    row = await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
                     if self._on_lost is not None:
                         self._on_lost([grant], "postgres: the lock was broken (force_release)")
                     return bool(row[0])
