@@ -28,7 +28,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
-    "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres,)),
+    # (~20 s: the whole suite runs it, the fast one runs tests/backends/postgres)
+    "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
 
