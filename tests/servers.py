@@ -1322,11 +1322,50 @@ class PostgresServer(Server):
             return False
         return first == b"R"
 
+    def _children(self) -> list[int]:
+        """The postmaster's children (each backend calls setsid(): it is in a process group
+        of its own, which a signal to the postmaster's group does not reach)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return []
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == proc.pid:
+                found.append(int(entry.name))
+        return found
+
+    def _signal_children(self, sig: signal.Signals) -> None:
+        for pid in self._children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP the postmaster and every backend: nothing answers any more."""
+        super().pause()
+        self._signal_children(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_children(signal.SIGCONT)
+        super().resume()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and its backends (a crash: every session ends at once)."""
+        self._signal_children(signal.SIGKILL)
+        super().kill()
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Fast shutdown (SIGINT: sessions are ended), then SIGKILL after ``timeout``."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             _signal(proc, signal.SIGCONT)
+            self._signal_children(signal.SIGCONT)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGINT)  # the postmaster only, not its children
         super().stop(timeout)

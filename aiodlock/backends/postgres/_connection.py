@@ -87,7 +87,7 @@ class Holder:
                 result = await step
         except TimeoutError:
             wait = timeout or self.op_timeout
-            self.discard(conn, f"the server did not answer within {wait:g} s (op_timeout)")
+            self.discard(conn, f"the server did not answer within {wait:g} s")
             raise
         self._last = monotonic()
         return result
