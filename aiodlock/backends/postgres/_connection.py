@@ -35,12 +35,14 @@ async def _close(conn: asyncpg.Connection, timeout: float) -> None:
 
 
 class Holder:
-    """The holder connection: one statement at a time, each bounded by ``op_timeout``.  A
-    connection that did not answer in time is discarded (its state is unknown); its end, by
-    us, the server or the network, goes to ``on_end(generation, reason)``: every advisory
-    lock of its session ended with it.  While ``needed()`` (locks are held), a keep-alive on
-    the core's :class:`Timer` sends ``SELECT 1`` after ``op_timeout / 2`` of silence, bounded
-    by ``op_timeout / 2``: a server that stops answering is found within ``op_timeout``."""
+    """The holder connection: one statement at a time (:meth:`begin` / :meth:`end` around
+    it), each bounded by ``op_timeout``.  A connection that did not answer in time is
+    discarded (its state is unknown); its end, by us, the server or the network, goes to
+    ``on_end(generation, reason)``: every advisory lock of its session ended with it.  While
+    ``needed()`` (locks are held), a keep-alive sends ``SELECT 1`` after ``op_timeout / 2`` of
+    silence, bounded by ``op_timeout / 2``: a server that stops answering is found within
+    ``op_timeout``.  Both deadlines run on ONE timer (the core's :class:`Timer`), not one
+    per statement."""
 
     def __init__(
         self, connect: Connect, op_timeout: float, on_end: OnEnd, needed: Callable[[], bool]
@@ -58,17 +60,37 @@ class Holder:
         self._last = 0.0  # when the server last answered
         self._timer = Timer(self._due)
         self._ping: asyncio.Task[None] | None = None
+        #: The statement in flight: its deadline and bound (None: none in flight).
+        self._deadline: float | None = None
+        self._wait = 0.0
+        self._timed_out: asyncpg.Connection | None = None
 
-    @contextlib.asynccontextmanager
-    async def session(self, *, connect: bool = True) -> AsyncIterator[asyncpg.Connection | None]:
-        """The connection, for this task alone (opened when ``connect`` and there is none)."""
-        async with self._mutex:
+    async def begin(self, *, connect: bool = True) -> asyncpg.Connection | None:
+        """The connection, for this task alone until :meth:`end` (opened when ``connect``
+        and there is none)."""
+        await self._mutex.acquire()
+        try:
             if self.closed:
                 raise BackendError(CLOSED)
             conn = self.conn
             if conn is None and connect:
                 conn = await self._open()
+            return conn
+        except BaseException:
+            self._mutex.release()
+            raise
+
+    def end(self) -> None:
+        self._mutex.release()
+
+    @contextlib.asynccontextmanager
+    async def session(self, *, connect: bool = True) -> AsyncIterator[asyncpg.Connection | None]:
+        """:meth:`begin` ... :meth:`end` (off the hot paths)."""
+        conn = await self.begin(connect=connect)
+        try:
             yield conn
+        finally:
+            self.end()
 
     async def _open(self) -> asyncpg.Connection:
         conn = await self._connect()
@@ -81,14 +103,19 @@ class Holder:
         return conn
 
     async def call(self, conn: asyncpg.Connection, step: Awaitable[T], timeout: float = 0) -> T:
-        """Await ``step`` (a statement on ``conn``) within ``timeout`` (op_timeout)."""
+        """Await ``step`` (a statement on ``conn``) within ``timeout`` (op_timeout); past it
+        the connection is discarded and TimeoutError raised."""
+        self._wait = wait = timeout or self.op_timeout
+        self._deadline = deadline = monotonic() + wait
+        self._timer.at(deadline)
         try:
-            async with asyncio.timeout(timeout or self.op_timeout):
-                result = await step
-        except TimeoutError:
-            wait = timeout or self.op_timeout
-            self.discard(conn, f"the server did not answer within {wait:g} s")
+            result = await step
+        except Exception as exc:
+            if self._timed_out is conn:
+                raise TimeoutError(f"no answer within {wait:g} s") from exc
             raise
+        finally:
+            self._deadline = None
         self._last = monotonic()
         return result
 
@@ -115,20 +142,34 @@ class Holder:
             self._timer.at(self._last + self.op_timeout / 2)
 
     def _due(self, now: float) -> float | None:
-        if self.conn is None or self.closed or not self._needed():
+        conn = self.conn
+        if conn is None or self.closed:
+            return None
+        if self._deadline is not None:  # a statement in flight
+            if now < self._deadline:
+                return self._deadline
+            self._timed_out = conn
+            self.discard(conn, f"the server did not answer within {self._wait:g} s")
+            return None
+        if not self._needed():
             return None
         due = self._last + self.op_timeout / 2
         if due > now:
             return due
         if self._ping is None or self._ping.done():
             self._ping = asyncio.get_running_loop().create_task(self._send_ping())
-        return now + self.op_timeout / 2
+        return None  # (the ping's statement sets the timer again)
 
     async def _send_ping(self) -> None:
         with contextlib.suppress(Exception):
-            async with self.session(connect=False) as conn:
+            conn = await self.begin(connect=False)
+            try:
                 if conn is not None and self._last + self.op_timeout / 2 <= monotonic():
                     await self.call(conn, conn.fetchval("SELECT 1"), self.op_timeout / 2)
+                elif conn is not None:
+                    self.keep_alive()
+            finally:
+                self.end()
 
     async def close(self) -> None:
         self.closed = True

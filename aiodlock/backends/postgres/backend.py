@@ -244,7 +244,8 @@ class PostgresBackend(Backend):
             return local
         holder = self.holder
         with self._translate("acquire"):
-            async with holder.session() as conn:
+            conn = await holder.begin()
+            try:
                 assert conn is not None
                 local = self._taken_here(key, request)  # (while this task waited its turn)
                 if local is not None:
@@ -253,18 +254,19 @@ class PostgresBackend(Backend):
                 self._doubt[key] = (request.owner, generation)
                 try:
                     name, owner = sql.encode(request.name), sql.encode(request.owner)
-                    step = conn.fetchval(self._try_lock, key, name, owner)
-                    token = await holder.call(conn, step)
+                    token = await holder.call(conn, conn.fetchval(self._try_lock, key, name, owner))
                 except _SESSION_ENDED:
                     self._doubt.pop(key, None)  # (the session is gone, and its locks)
                     raise
                 del self._doubt[key]  # (an error or a cancellation leaves it: abandon())
-                if token is None:
-                    return self._busy()
-                grant = Grant(request.name, request.owner, token, None, _Held(key, generation))
-                self._held[key] = grant
-                holder.keep_alive()
-                return grant
+            finally:
+                holder.end()
+        if token is None:
+            return self._busy()
+        grant = Grant(request.name, request.owner, token, None, _Held(key, generation))
+        self._held[key] = grant
+        holder.keep_alive()
+        return grant
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self._waiter(self.key(request.name))
@@ -310,7 +312,8 @@ class PostgresBackend(Backend):
             return False  # lost with its session, or broken by force_release
         holder = self.holder
         with self._translate("release"):
-            async with holder.session(connect=False) as conn:
+            conn = await holder.begin(connect=False)
+            try:
                 if conn is None or holder.generation != held.generation:
                     return False
                 del self._held[held.key]
@@ -322,6 +325,8 @@ class PostgresBackend(Backend):
                         # Unknown whether it is still held: only ending the session is sure.
                         holder.discard(conn, f"a release was interrupted ({type(exc).__name__})")
                     raise
+            finally:
+                holder.end()
         return bool(row[0])
 
     async def abandon(self, request: Request) -> None:
