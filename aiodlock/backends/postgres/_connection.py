@@ -184,10 +184,12 @@ class Holder:
 
 class Listener:
     """The LISTEN connection.  A client waiting for a key has a row in the waiters table (the
-    key, this session's pid) while any of its tasks waits for it; a release NOTIFYs the key
-    and the pid of the client that waited longest, and that client alone wakes ONE waiter of
-    the key (its board is keyed by the key as text).  Opened by the first waiter; when it
-    ends, every waiter asks again and polls until a later waiter opens it again."""
+    key, this session's pid) while any of its tasks waits for it; a release NOTIFYs the key on
+    the channel of the client that waited longest (``{channel}_{pid}``), and that client
+    alone hears it and wakes ONE waiter of the key (its board is keyed by the key as text).
+    It also listens on the namespace's channel, for what every client must hear.  Opened by
+    the first waiter; when it ends, every waiter asks again and polls until a later waiter
+    opens it again."""
 
     def __init__(self, connect: Connect, channel: str, waiters: str, op_timeout: float) -> None:
         self._connect = connect
@@ -253,7 +255,9 @@ class Listener:
     async def _listen(self) -> asyncpg.Connection | None:
         conn = await self._connect()
         try:
-            await self._call(conn, conn.add_listener(self.channel, self._notified))
+            own = f"{self.channel}_{conn.get_server_pid()}"
+            for channel in (own, self.channel):
+                await self._call(conn, conn.add_listener(channel, self._notified))
         except BaseException:
             conn.terminate()
             raise
@@ -269,8 +273,7 @@ class Listener:
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         self.heard += 1
-        key, _, called = payload.partition(" ")
-        if called in ("0", str(self.pid)) and self.board.wake_one(key):
+        if self.board.wake_one(payload):
             self.woke += 1
 
     def _terminated(self, conn: Any) -> None:

@@ -83,12 +83,13 @@ def leave_line(waiters: str) -> str:
 
 
 def unlock(waiters: str) -> str:
-    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) names
-    the key and the LISTEN session of the client that has waited longest, so that one client
-    alone wakes (one of its waiters); none is sent when nobody waits."""
+    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) goes
+    to the channel of ONE client, the one that has waited longest (``{channel}_{pid}``, the
+    pid of its LISTEN session), with the key: that client alone hears it, and wakes one of
+    its waiters of the key.  None is sent when nobody waits."""
     return (
         "SELECT pg_advisory_unlock($1::bigint), "
-        "(SELECT pg_notify($2::text, $1::bigint::text || ' ' || w.pid::text) FROM "
+        "(SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
         f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
         + _DEAD.format(pid="pid")
         + " ORDER BY since LIMIT 1) w)"
@@ -118,9 +119,9 @@ TERMINATE = (
     f" FROM (SELECT DISTINCT l.pid {_HELD_BY} AND l.pid <> pg_backend_pid()) h"
 )
 
-#: $1 channel, $2 key: announce a release the holder's session could not announce, to one
-#: waiter of every client ("0": no session named).
-NOTIFY = "SELECT pg_notify($1::text, $2::bigint::text || ' 0')"
+#: $1 channel, $2 key: announce a release the holder's session could not announce, on the
+#: namespace's channel, which every client hears (one waiter of each wakes).
+NOTIFY = "SELECT pg_notify($1::text, $2::bigint::text)"
 
 
 def encode(text: str) -> bytes:

@@ -85,10 +85,12 @@ async def test_one_client_is_woken_per_release(make_client: ClientFactory, raw: 
     # order they lined up; nobody else heard a call for them.
     listeners = [backend_of(c).listener for c in waiters]
     assert [x.woke for x in listeners] == [1, 1, 1, 1]
+    # (and each NOTIFY went to the one client it called: nobody else even heard it)
+    assert [x.heard for x in listeners] == [1, 1, 1, 1]
     assert len(set(order)) == 4
     assert await line(conn, holder, key) == []
     assert not bystander.done()  # a waiter of another name slept through all of it
-    assert backend_of(other_name).listener.woke == 0
+    assert backend_of(other_name).listener.heard == 0
     bystander.cancel()
 
 
