@@ -3,7 +3,7 @@
 Plain synchronous, standard-library-only code (it must not import aiodlock), so that it works
 from any fixture, any event loop and from helper scripts.  Every server listens on a free
 loopback port and keeps its files in a private directory under the base directory it is
-given; nothing here touches servers on the standard ports (6379, 3306, 2181, 2379).
+given; nothing here touches servers on the standard ports (6379, 3306, 2181, 2379, 5432).
 
 Readiness rules (from the team's drivers.md design notes):
 
