@@ -36,6 +36,7 @@ def create_table(table: str) -> str:
         " name bytea NOT NULL,"  # (UTF-8; text cannot hold a NUL)
         " owner bytea NOT NULL,"
         " token bigint NOT NULL,"
+        " pid integer NOT NULL,"  # the holder's session (status() checks it holds the key)
         " granted_at timestamptz NOT NULL DEFAULT now())"
     )
 
@@ -46,10 +47,10 @@ def try_lock(table: str) -> str:
     only when ``pg_try_advisory_lock`` succeeded, in the same statement (one round trip)."""
     return (
         "WITH got AS (SELECT pg_try_advisory_lock($1::bigint) AS ok) "
-        f"INSERT INTO {table} AS c (key, name, owner, token) "
-        "SELECT $1::bigint, $2::bytea, $3::bytea, 1 FROM got WHERE got.ok "
+        f"INSERT INTO {table} AS c (key, name, owner, token, pid) "
+        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE got.ok "
         "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
-        "owner = EXCLUDED.owner, granted_at = now() "
+        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() "
         "RETURNING token"
     )
 
@@ -105,10 +106,12 @@ _HELD_BY = (
 
 
 def status(table: str) -> str:
-    """$1 key -> (pid, name, owner, token) of the session holding it, with the counter row."""
+    """$1 key -> (pid, name, owner, token) of the session holding it, with the counter row
+    when that session took it through aiodlock (NULLs otherwise)."""
     return (
         "SELECT h.pid, c.name, c.owner, c.token "
-        f"FROM (SELECT l.pid {_HELD_BY} LIMIT 1) h LEFT JOIN {table} c ON c.key = $1::bigint"
+        f"FROM (SELECT l.pid {_HELD_BY} LIMIT 1) h "
+        f"LEFT JOIN {table} c ON c.key = $1::bigint AND c.pid = h.pid"
     )
 
 

@@ -178,6 +178,8 @@ async def test_status_of_a_lock_taken_outside_aiodlock(
     client: aiodlock.Client, raw: RawFactory
 ) -> None:
     conn = await raw()
+    async with client.lock("foreign"):  # (the counter row names this owner from now on)
+        pass
     await conn.fetchval("SELECT pg_advisory_lock($1)", backend_of(client).key("foreign"))
     status = await client.lock("foreign").status()
     assert status is not None
