@@ -197,6 +197,7 @@ class Listener:
         self.op_timeout = op_timeout
         self._join = sql.join_line(waiters)
         self._leave = sql.leave_line(waiters)
+        self._pass_on = sql.pass_on(waiters)
         self.board = WakeupBoard()
         self.conn: asyncpg.Connection | None = None
         self.pid = 0  # the LISTEN session's server process
@@ -228,9 +229,10 @@ class Listener:
                 self.joined[key] = monotonic()
         return self.joined.get(key)
 
-    async def leave(self, key: int) -> None:
+    async def leave(self, key: int, called: bool = False) -> None:
         """The last local waiter of ``key`` left: leave its line (a failure ends the LISTEN
-        session, whose rows then count as gone)."""
+        session, whose rows then count as gone); ``called``: it left with a wake-up it did
+        not use, which goes to the next client in line."""
         if key not in self.joined or self.board.count(str(key)):
             return
         async with self._mutex:
@@ -239,7 +241,10 @@ class Listener:
                 return
             del self.joined[key]
             try:
-                await self._call(conn, conn.execute(self._leave, key))
+                if called:
+                    await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+                else:
+                    await self._call(conn, conn.execute(self._leave, key))
             except BaseException:
                 conn.terminate()
                 raise

@@ -80,7 +80,19 @@ def join_line(waiters: str) -> str:
 
 
 def leave_line(waiters: str) -> str:
+    """$1 key: this client waits for it no more."""
     return f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
+
+
+def pass_on(waiters: str) -> str:
+    """$1 key, $2 channel: leave the line of ``key``, calling the next client in it (this
+    client was called and its waiter left without asking: a timeout, a cancellation)."""
+    return (
+        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
+        " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
+        f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
+        " AND NOT " + _DEAD.format(pid="pid") + " ORDER BY since LIMIT 1) w"
+    )
 
 
 def unlock(waiters: str) -> str:

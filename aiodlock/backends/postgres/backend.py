@@ -285,11 +285,12 @@ class PostgresBackend(Backend):
             waiter.listening_since = since
             yield waiter
         finally:
-            listener.board.remove(slot)
+            called = slot.event.is_set()  # (a wake-up it did not use)
+            listener.board.remove(slot)  # (which hands it to another local waiter, if any)
             if not listener.board.count(str(key)):
                 shielded = anyio.CancelScope(shield=True)
                 with shielded, contextlib.suppress(BackendError), self._translate("leave"):
-                    await listener.leave(key)
+                    await listener.leave(key, called)
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """The session is the lease: one ``SELECT 1`` proves it still lives."""

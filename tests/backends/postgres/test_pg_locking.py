@@ -211,3 +211,30 @@ async def test_tokens_survive_a_new_holder_session(make_client: ClientFactory) -
     assert tokens == sorted(tokens)
     assert len(set(tokens)) == 3
     assert all(b - a == 1 for a, b in itertools.pairwise(tokens))
+
+
+async def test_a_called_client_that_leaves_calls_the_next_one(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    conn = await raw()
+    holder = await make_client()
+    first = await make_client(poll_interval=HANG)
+    second = await make_client(poll_interval=HANG)
+    key = backend_of(holder).key("pass")
+    await holder.lock("pass").acquire()
+    gone = asyncio.create_task(_take(first, "pass"))
+    await eventually(lambda: _lined_up(conn, holder, key, 1))
+    taker = asyncio.create_task(_take(second, "pass"))
+    await eventually(lambda: _lined_up(conn, holder, key, 2))
+    # The first client is called, and its waiter is cancelled before it can ask again.
+    listen = backend_of(first).listener.conn
+    assert listen is not None
+    own = f"{backend_of(first).channel}_{listen.get_server_pid()}"
+    await listen.add_listener(own, lambda *_: gone.cancel())
+    await holder.lock("pass").release()
+    # Its unused wake-up goes to the next client in line, which takes the lock at once
+    # (its fallback poll is HANG seconds away).
+    await asyncio.wait_for(taker, HANG / 3)
+    assert gone.cancelled()
+    assert backend_of(second).listener.woke == 1
+    assert await line(conn, holder, key) == []
