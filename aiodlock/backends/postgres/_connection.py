@@ -225,7 +225,12 @@ class Listener:
             if conn is None or conn.is_closed():
                 conn = await self._listen()
             if conn is not None and key not in self.joined:
-                await self._call(conn, conn.execute(self._join, key))
+                try:
+                    await self._call(conn, conn.execute(self._join, key))
+                except BaseException:
+                    # (a row may have been made for nobody: end the session, its rows die)
+                    conn.terminate()
+                    raise
                 self.joined[key] = monotonic()
         return self.joined.get(key)
 
