@@ -4,7 +4,7 @@ Shared, session-scoped servers (started lazily on first use, healed before and a
 test: resumed if a test left them paused, restarted on the same port if a test killed them)::
 
     redis_server, redlock_servers (3 Redis masters), zookeeper_server, etcd_server,
-    mariadb_server, sentinel_deployment (a master, a replica, three sentinels),
+    mariadb_server, postgres_server, sentinel_deployment (a master, a replica, three sentinels),
     cluster_deployment (a three-master Redis Cluster; the deployments are not healed)
 
 Private servers for fault tests (kill / pause / restart freely; all closed at teardown)::
@@ -12,7 +12,7 @@ Private servers for fault tests (kill / pause / restart freely; all closed at te
     redis_factory(**kw) -> RedisServer           redis_many(n, **kw) -> RedisGroup
     zookeeper_factory(**kw) -> ZooKeeperServer   zookeeper_ensemble(size=3) -> ZooKeeperEnsemble
     etcd_factory(**kw) -> EtcdServer             etcd_cluster(size=3) -> EtcdCluster
-    mariadb_factory(**kw) -> MariaDBServer
+    mariadb_factory(**kw) -> MariaDBServer      postgres_factory(**kw) -> PostgresServer
     sentinel_factory(**kw) -> SentinelDeployment cluster_factory() -> ClusterDeployment
 
 All fixtures are synchronous so they work with any pytest-asyncio loop scope.  A missing server
@@ -36,6 +36,7 @@ from tests.servers import (
     EtcdCluster,
     EtcdServer,
     MariaDBServer,
+    PostgresServer,
     RedisGroup,
     RedisServer,
     SentinelDeployment,
@@ -131,6 +132,12 @@ def mariadb_server(_servers_dir: Path) -> Iterator[MariaDBServer]:
 
 
 @pytest.fixture(scope="session")
+def postgres_server(_servers_dir: Path) -> Iterator[PostgresServer]:
+    require_server("postgres")
+    yield from _shared(PostgresServer(_servers_dir))
+
+
+@pytest.fixture(scope="session")
 def sentinel_deployment(_servers_dir: Path) -> Iterator[SentinelDeployment]:
     """A master, a replica and three sentinels, shared by the tests that do not fail it over."""
     require_server("redis")
@@ -214,6 +221,13 @@ def mariadb_factory(_factory: _Factory) -> Callable[..., MariaDBServer]:
     """``mariadb_factory(port=None, database="aiodlock_test", extra_args=())``."""
     require_server("mysql")
     return _server_factory(_factory, MariaDBServer)
+
+
+@pytest.fixture
+def postgres_factory(_factory: _Factory) -> Callable[..., PostgresServer]:
+    """``postgres_factory(port=None, database="postgres", extra_args=())``."""
+    require_server("postgres")
+    return _server_factory(_factory, PostgresServer)
 
 
 @pytest.fixture

@@ -3,14 +3,16 @@
 Plain synchronous, standard-library-only code (it must not import aiodlock), so that it works
 from any fixture, any event loop and from helper scripts.  Every server listens on a free
 loopback port and keeps its files in a private directory under the base directory it is
-given; nothing here touches servers on the standard ports (6379, 3306, 2181, 2379).
+given; nothing here touches servers on the standard ports (6379, 3306, 2181, 2379, 5432).
 
 Readiness rules (from the team's drivers.md design notes):
 
 * Redis:      ``PING`` on a raw socket answers ``+PONG`` (or ``-NOAUTH`` with a password);
 * ZooKeeper:  the ``srvr`` four-letter word shows ``Mode:`` (``ruok`` answers too early);
 * etcd:       ``GET /health`` says ``"health": "true"``;
-* MariaDB:    a TCP connection receives a protocol-10 handshake packet.
+* MariaDB:    a TCP connection receives a protocol-10 handshake packet;
+* PostgreSQL: a startup packet on its Unix socket is answered by an authentication request
+  (``R``), not an error (``E``: "the database system is starting up").
 
 Every process is started in its own session with a parent-death signal (when spawned from the
 main thread) and registered for an ``atexit`` SIGKILL, so a crashed test run leaves no orphans.
@@ -48,6 +50,7 @@ __all__ = [
     "EtcdCluster",
     "EtcdServer",
     "MariaDBServer",
+    "PostgresServer",
     "RedisGroup",
     "RedisServer",
     "SentinelDeployment",
@@ -130,7 +133,9 @@ def _reserve_port(port: int) -> int:
 def _which(name: str) -> str | None:
     found = shutil.which(name)
     if found is None:
-        for directory in SBIN_DIRS:
+        # (Debian keeps initdb and postgres off PATH, in /usr/lib/postgresql/VERSION/bin)
+        pg_dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+        for directory in [*SBIN_DIRS, *pg_dirs]:
             candidate = Path(directory, name)
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)
@@ -163,15 +168,21 @@ _KIND_BINARIES: dict[str, tuple[str, ...]] = {
     "zookeeper": ("java",),
     "etcd": ("etcd", "etcdctl"),
     "mysql": ("mariadbd", "mariadb-install-db", "mariadb"),
+    "postgres": ("initdb", "postgres"),
 }
-_KIND_ALIASES = {"mariadb": "mysql", "redlock": "redis", "zk": "zookeeper"}
+_KIND_ALIASES = {
+    "mariadb": "mysql",
+    "redlock": "redis",
+    "zk": "zookeeper",
+    "postgresql": "postgres",
+}
 
 
 def binary_missing(kind: str) -> str | None:
     """Why servers of ``kind`` cannot run here, or None when they can.
 
-    ``kind`` is one of ``redis``, ``zookeeper``, ``etcd``, ``mysql`` (aliases: ``mariadb``,
-    ``redlock``, ``zk``).
+    ``kind`` is one of ``redis``, ``zookeeper``, ``etcd``, ``mysql``, ``postgres`` (aliases:
+    ``mariadb``, ``redlock``, ``zk``, ``postgresql``).
     """
     kind = _KIND_ALIASES.get(kind, kind)
     if kind not in _KIND_BINARIES:
@@ -1155,6 +1166,224 @@ class MariaDBServer(Server):
         ]
         if db:
             cmd.append(db)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise ServerError(f"SQL failed: {statement!r}: {result.stderr.strip()}")
+        return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------------------------
+
+#: initdb and postgres refuse to run as root ("cannot be run as root"); as root, both run as
+#: this system user (the Debian package creates it) through ``setpriv``, which execs (no
+#: intermediate process: the pid is the postmaster's), in directories that user owns.
+POSTGRES_OS_USER = "postgres"
+_postgres_template_lock = threading.Lock()
+_postgres_template: Path | None = None
+
+
+def _as_postgres_user() -> list[str]:
+    """The prefix that runs a PostgreSQL program as a non-root user ([] when not root)."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam(POSTGRES_OS_USER)
+    except KeyError:
+        raise ServerError(
+            f"running as root and there is no {POSTGRES_OS_USER!r} user for initdb/postgres "
+            "(they refuse to run as root; scripts/install-servers creates it)"
+        ) from None
+    return [_need("setpriv"), f"--reuid={POSTGRES_OS_USER}", f"--regid={POSTGRES_OS_USER}",
+            "--init-groups", "--"]  # fmt: skip
+
+
+def _give_to_postgres_user(path: Path) -> None:
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(POSTGRES_OS_USER)
+        for root, dirs, files in os.walk(path):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.lchown(name, entry.pw_uid, entry.pw_gid)
+
+
+def _postgres_template_datadir() -> Path:
+    """A cluster made by ``initdb`` once per process (~1 s), copied per server."""
+    global _postgres_template
+    with _postgres_template_lock:
+        if _postgres_template is not None and _postgres_template.is_dir():
+            return _postgres_template
+        # (not under pytest's private tmp dir: the postgres user could not reach it)
+        root = Path(tempfile.mkdtemp(prefix="aiodlock-pg-template-"))
+        atexit.register(shutil.rmtree, root, True)
+        os.chmod(root, 0o755)
+        datadir = root / "data"
+        pwfile = root / "pw"
+        pwfile.write_text(PostgresServer.password + "\n")
+        _give_to_postgres_user(root)
+        cmd = [
+            *_as_postgres_user(),
+            _need("initdb"),
+            f"--pgdata={datadir}",
+            f"--username={PostgresServer.user}",
+            f"--pwfile={pwfile}",
+            "--auth-local=trust",  # the test helpers' psql on the Unix socket
+            "--auth-host=scram-sha-256",  # TCP needs the password: a wrong one is refused
+            "--encoding=UTF8",
+            "--no-sync",
+        ]
+        log = root / "initdb.log"
+        with open(log, "wb") as out:
+            result = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, timeout=120, check=False
+            )
+        if result.returncode != 0:
+            raise ServerError(f"initdb failed ({result.returncode})\n{_tail(log)}")
+        _postgres_template = datadir
+        return datadir
+
+
+class PostgresServer(Server):
+    """``postgres`` on a copy of a fresh cluster, on a loopback port, with its Unix socket in a
+    private directory (never the machine's own service on 5432).  TCP connections need the
+    password (scram-sha-256), the Unix socket trusts.  As root, the server runs as the
+    ``postgres`` system user (see :data:`POSTGRES_OS_USER`); its files live in a directory
+    under /tmp that user owns.  ``stop()`` is a fast shutdown (SIGINT): SIGTERM would wait
+    for every client to disconnect."""
+
+    kind = "postgres"
+    scheme = "postgresql"
+    user = "postgres"
+    password = "aiodlock-test-pw"
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        port: int | None = None,
+        *,
+        database: str = "postgres",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(base_dir, port)
+        self.database = database
+        self.extra_args = list(extra_args)
+        # The data and the socket in a short directory the server's user can reach.
+        self.home = Path(tempfile.mkdtemp(prefix="adl-pg-"))
+        os.chmod(self.home, 0o755)
+        self._extra_cleanup.append(self.home)
+        self.data_dir = self.home / "data"
+        self.socket_dir = self.home
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.user}:{self.password}@{self.address}/{self.database}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / f".s.PGSQL.{self.port}"
+
+    def _prepare(self) -> None:
+        if not self.data_dir.exists():
+            subprocess.run(
+                ["cp", "-a", str(_postgres_template_datadir()), str(self.data_dir)], check=True
+            )
+            _give_to_postgres_user(self.home)
+
+    def _command(self) -> list[str]:
+        return [
+            *_as_postgres_user(),
+            _need("postgres"),
+            "-D", str(self.data_dir),
+            "-p", str(self.port),
+            "-k", str(self.socket_dir),
+            "-c", f"listen_addresses={HOST}",
+            "-c", "fsync=off",  # tests only
+            "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off",
+            "-c", "max_connections=200",
+            "-c", "logging_collector=off",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def ping(self, timeout: float = 0.5) -> bool:
+        """A startup packet on the Unix socket is answered by an authentication request."""
+        params = f"user\0{self.user}\0database\0postgres\0\0".encode()
+        packet = (8 + len(params)).to_bytes(4, "big") + (196608).to_bytes(4, "big") + params
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(str(self.socket_path))
+                sock.sendall(packet)
+                first = sock.recv(1)
+                if first == b"R":
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b"X\0\0\0\4")  # Terminate
+        except OSError:
+            return False
+        return first == b"R"
+
+    def _children(self) -> list[int]:
+        """The postmaster's children (each backend calls setsid(): it is in a process group
+        of its own, which a signal to the postmaster's group does not reach)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return []
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == proc.pid:
+                found.append(int(entry.name))
+        return found
+
+    def _signal_children(self, sig: signal.Signals) -> None:
+        for pid in self._children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP the postmaster and every backend: nothing answers any more."""
+        super().pause()
+        self._signal_children(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_children(signal.SIGCONT)
+        super().resume()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and its backends (a crash: every session ends at once)."""
+        self._signal_children(signal.SIGKILL)
+        super().kill()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Fast shutdown (SIGINT: sessions are ended), then SIGKILL after ``timeout``."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _signal(proc, signal.SIGCONT)
+            self._signal_children(signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)  # the postmaster only, not its children
+        super().stop(timeout)
+
+    def backend_pids(self, application_name: str | None = None) -> list[int]:
+        """The server processes of client sessions (optionally of one application)."""
+        where = "backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        if application_name is not None:
+            where += f" AND application_name = '{application_name}'"
+        return [int(row[0]) for row in self.sql(f"SELECT pid FROM pg_stat_activity WHERE {where}")]
+
+    def sql(self, statement: str, *, timeout: float = 30.0) -> list[tuple[str, ...]]:
+        """Run SQL with ``psql`` on the Unix socket; rows as tuples of strings (NULL: '')."""
+        cmd = [
+            _need("psql"), "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1",
+            "-h", str(self.socket_dir), "-p", str(self.port), "-U", self.user,
+            "-d", self.database, "-c", statement,
+        ]  # fmt: skip
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
             raise ServerError(f"SQL failed: {statement!r}: {result.stderr.strip()}")

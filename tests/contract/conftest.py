@@ -28,6 +28,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
+    # (~20 s: the whole suite runs it, the fast one runs tests/backends/postgres)
+    "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
 
@@ -74,6 +76,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("etcd_server").url)
     if backend == "mysql":
         return str(request.getfixturevalue("mariadb_server").url)
+    if backend == "postgres":
+        return str(request.getfixturevalue("postgres_server").url)
     raise AssertionError(backend)
 
 

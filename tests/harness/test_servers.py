@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from tests.servers import (
     EtcdCluster,
     EtcdServer,
     MariaDBServer,
+    PostgresServer,
     RedisGroup,
     RedisServer,
     ServerError,
@@ -405,3 +407,58 @@ def test_mariadb_kill_and_restart_keep_the_data(
     assert server.sql("SELECT id, v FROM t ORDER BY id") == [("1", "kept"), ("2", "NULL")]
     server.restart(wipe=True)
     assert server.sql("SHOW TABLES") == []  # fresh datadir, database created again
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_postgres_answers_and_wants_the_password_over_tcp(
+    postgres_server: PostgresServer,
+) -> None:
+    assert postgres_server.sql("SELECT 1") == [("1",)]
+    assert postgres_server.port != 5432
+    assert postgres_server.url == (
+        f"postgresql://postgres:{postgres_server.password}@127.0.0.1:{postgres_server.port}"
+        "/postgres"
+    )
+    tcp = ["psql", "-X", "-A", "-t", "-h", "127.0.0.1", "-p", str(postgres_server.port),
+           "-U", "postgres", "-d", "postgres", "-c", "SELECT current_user"]  # fmt: skip
+    env = {**os.environ, "PGPASSWORD": postgres_server.password, "PGCONNECT_TIMEOUT": "10"}
+    ok = subprocess.run(tcp, capture_output=True, text=True, timeout=30, env=env, check=True)
+    assert ok.stdout.strip() == "postgres"
+    env["PGPASSWORD"] = "wrong"
+    bad = subprocess.run(tcp, capture_output=True, text=True, timeout=30, env=env, check=False)
+    assert bad.returncode != 0
+    assert "password authentication failed" in bad.stderr
+
+
+@pytest.mark.postgres
+def test_postgres_pause_stops_every_backend(
+    postgres_factory: Callable[..., PostgresServer],
+) -> None:
+    server = postgres_factory()
+    server.pause()
+    assert not server.ping(timeout=0.3)
+    server.resume()
+    assert server.ping()
+    assert server.sql("SELECT 1 + 1") == [("2",)]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_postgres_kill_and_restart_keep_the_data(
+    postgres_factory: Callable[..., PostgresServer],
+) -> None:
+    server = postgres_factory()
+    port = server.port
+    server.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    server.sql("INSERT INTO t VALUES (1, 'kept')")
+    server.sql("CHECKPOINT")  # (fsync is off: make the data reach the files)
+    server.kill()
+    assert not server.ping(timeout=0.2)
+    server.restart()
+    assert server.port == port
+    assert server.sql("SELECT id, v FROM t") == [("1", "kept")]
+    server.restart(wipe=True)
+    assert server.sql("SELECT count(*) FROM pg_tables WHERE tablename = 't'") == [("0",)]

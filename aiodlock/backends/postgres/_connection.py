@@ -1,0 +1,301 @@
+"""The two connections of a client: the holder (every advisory lock of the client lives on
+its session; asyncpg runs one statement at a time on a connection) and the listener (LISTEN
+on the namespace's channel, waking the local waiter of the key a NOTIFY names)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from ..._errors import BackendError
+from ..._types import monotonic
+from ..._wakeup import Timer, WakeupBoard
+from . import _statements as sql
+
+__all__ = ["Holder", "Listener"]
+
+T = TypeVar("T")
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+#: ``(generation, reason)``: the holder connection of that generation ended.
+OnEnd = Callable[[int, str], None]
+
+CLOSED = "postgres: the client is not open (or was closed)"
+
+
+async def _close(conn: asyncpg.Connection, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await conn.close()
+    except Exception:
+        conn.terminate()
+
+
+class Holder:
+    """The holder connection: one statement at a time (:meth:`begin` / :meth:`end` around
+    it), each bounded by ``op_timeout``.  A connection that did not answer in time is
+    discarded (its state is unknown); its end, by us, the server or the network, goes to
+    ``on_end(generation, reason)``: every advisory lock of its session ended with it.  While
+    ``needed()`` (locks are held), a keep-alive sends ``SELECT 1`` after ``op_timeout / 2`` of
+    silence, bounded by ``op_timeout / 2``: a server that stops answering is found within
+    ``op_timeout``.  Both deadlines run on ONE timer (the core's :class:`Timer`), not one
+    per statement."""
+
+    def __init__(
+        self, connect: Connect, op_timeout: float, on_end: OnEnd, needed: Callable[[], bool]
+    ) -> None:
+        self._connect = connect
+        self.op_timeout = op_timeout
+        self._on_end = on_end
+        self._needed = needed
+        self.conn: asyncpg.Connection | None = None
+        #: Counts the connection's lives (a grant remembers the one it was made on).
+        self.generation = 0
+        self.pid: int | None = None  # the server process of the session
+        self.closed = False
+        self._mutex = asyncio.Lock()
+        self._last = 0.0  # when the server last answered
+        self._timer = Timer(self._due)
+        self._ping: asyncio.Task[None] | None = None
+        #: The statement in flight: its deadline and bound (None: none in flight).
+        self._deadline: float | None = None
+        self._wait = 0.0
+        self._timed_out: asyncpg.Connection | None = None
+
+    async def begin(self, *, connect: bool = True) -> asyncpg.Connection | None:
+        """The connection, for this task alone until :meth:`end` (opened when ``connect``
+        and there is none)."""
+        await self._mutex.acquire()
+        try:
+            if self.closed:
+                raise BackendError(CLOSED)
+            conn = self.conn
+            if conn is None and connect:
+                conn = await self._open()
+            return conn
+        except BaseException:
+            self._mutex.release()
+            raise
+
+    def end(self) -> None:
+        self._mutex.release()
+
+    @contextlib.asynccontextmanager
+    async def session(self, *, connect: bool = True) -> AsyncIterator[asyncpg.Connection | None]:
+        """:meth:`begin` ... :meth:`end` (off the hot paths)."""
+        conn = await self.begin(connect=connect)
+        try:
+            yield conn
+        finally:
+            self.end()
+
+    async def _open(self) -> asyncpg.Connection:
+        conn = await self._connect()
+        if self.closed:
+            conn.terminate()
+            raise BackendError(CLOSED)
+        self.generation += 1
+        self.conn, self.pid, self._last = conn, conn.get_server_pid(), monotonic()
+        conn.add_termination_listener(self._terminated)
+        return conn
+
+    async def call(self, conn: asyncpg.Connection, step: Awaitable[T], timeout: float = 0) -> T:
+        """Await ``step`` (a statement on ``conn``) within ``timeout`` (op_timeout); past it
+        the connection is discarded and TimeoutError raised."""
+        self._wait = wait = timeout or self.op_timeout
+        self._deadline = deadline = monotonic() + wait
+        self._timer.at(deadline)
+        try:
+            result = await step
+        except Exception as exc:
+            if self._timed_out is conn:
+                raise TimeoutError(f"no answer within {wait:g} s") from exc
+            raise
+        finally:
+            self._deadline = None
+        self._last = monotonic()
+        return result
+
+    def discard(self, conn: asyncpg.Connection, reason: str) -> None:
+        """Drop ``conn`` (its state is unknown): its session, and its locks, end."""
+        if conn is self.conn:
+            self._end(reason)
+        conn.terminate()
+
+    def _terminated(self, conn: Any) -> None:
+        if conn is self.conn:
+            self._end("the connection to the server was lost (a restart, a terminated session)")
+
+    def _end(self, reason: str) -> None:
+        generation = self.generation
+        self.conn = self.pid = None
+        self.generation += 1
+        self._timer.cancel()
+        self._on_end(generation, reason)
+
+    def keep_alive(self) -> None:
+        """Locks are held: make sure the keep-alive runs."""
+        if self.conn is not None:
+            self._timer.at(self._last + self.op_timeout / 2)
+
+    def _due(self, now: float) -> float | None:
+        conn = self.conn
+        if conn is None or self.closed:
+            return None
+        if self._deadline is not None:  # a statement in flight
+            if now < self._deadline:
+                return self._deadline
+            self._timed_out = conn
+            self.discard(conn, f"the server did not answer within {self._wait:g} s")
+            return None
+        if not self._needed():
+            return None
+        due = self._last + self.op_timeout / 2
+        if due > now:
+            return due
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.get_running_loop().create_task(self._send_ping())
+        return None  # (the ping's statement sets the timer again)
+
+    async def _send_ping(self) -> None:
+        with contextlib.suppress(Exception):
+            conn = await self.begin(connect=False)
+            try:
+                if conn is not None and self._last + self.op_timeout / 2 <= monotonic():
+                    await self.call(conn, conn.fetchval("SELECT 1"), self.op_timeout / 2)
+                elif conn is not None:
+                    self.keep_alive()
+            finally:
+                self.end()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._timer.cancel()
+        if self._ping is not None:
+            self._ping.cancel()
+        conn, self.conn, self.pid = self.conn, None, None
+        self.generation += 1
+        if conn is not None:
+            await _close(conn, self.op_timeout)
+
+
+class Listener:
+    """The LISTEN connection.  A client waiting for a key has a row in the waiters table (the
+    key, this session's pid) while any of its tasks waits for it; a release NOTIFYs the key on
+    the channel of the client that waited longest (``{channel}_{pid}``), and that client
+    alone hears it and wakes ONE waiter of the key (its board is keyed by the key as text).
+    It also listens on the namespace's channel, for what every client must hear.  Opened by
+    the first waiter; when it ends, every waiter asks again and polls until a later waiter
+    opens it again."""
+
+    def __init__(self, connect: Connect, channel: str, waiters: str, op_timeout: float) -> None:
+        self._connect = connect
+        self.channel = channel
+        self.op_timeout = op_timeout
+        self._join = sql.join_line(waiters)
+        self._leave = sql.leave_line(waiters)
+        self._pass_on = sql.pass_on(waiters)
+        self.board = WakeupBoard()
+        self.conn: asyncpg.Connection | None = None
+        self.pid = 0  # the LISTEN session's server process
+        #: Keys this session has a row for in the waiters table, and since when.
+        self.joined: dict[int, float] = {}
+        self.closed = False
+        #: Counters (for tests and benchmarks): NOTIFY messages heard, and those that woke one.
+        self.heard = 0
+        self.woke = 0
+        self._mutex = asyncio.Lock()
+
+    def listening(self) -> bool:
+        return self.conn is not None and not self.conn.is_closed()
+
+    def listening_for(self, key: int) -> bool:
+        return key in self.joined and self.listening()
+
+    async def join(self, key: int) -> float | None:
+        """Listen (one connection, one ``LISTEN``) and take a row in the line of ``key``;
+        since when a release of it reaches this client (None: it does not)."""
+        if self.listening_for(key) or self.closed:
+            return self.joined.get(key)
+        async with self._mutex:
+            conn = self.conn
+            if conn is None or conn.is_closed():
+                conn = await self._listen()
+            if conn is not None and key not in self.joined:
+                try:
+                    await self._call(conn, conn.execute(self._join, key))
+                except BaseException:
+                    # (a row may have been made for nobody: end the session, its rows die)
+                    conn.terminate()
+                    raise
+                self.joined[key] = monotonic()
+        return self.joined.get(key)
+
+    async def leave(self, key: int, called: bool = False) -> None:
+        """The last local waiter of ``key`` left: leave its line (a failure ends the LISTEN
+        session, whose rows then count as gone); ``called``: it left with a wake-up it did
+        not use, which goes to the next client in line."""
+        if key not in self.joined or self.board.count(str(key)):
+            return
+        async with self._mutex:
+            conn = self.conn
+            if key not in self.joined or self.board.count(str(key)) or conn is None:
+                return
+            del self.joined[key]
+            try:
+                if called:
+                    await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+                else:
+                    await self._call(conn, conn.execute(self._leave, key))
+            except BaseException:
+                conn.terminate()
+                raise
+
+    async def _call(self, conn: asyncpg.Connection, step: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                return await step
+        except TimeoutError:
+            conn.terminate()
+            raise
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        conn = await self._connect()
+        try:
+            own = f"{self.channel}_{conn.get_server_pid()}"
+            for channel in (own, self.channel):
+                await self._call(conn, conn.add_listener(channel, self._notified))
+        except BaseException:
+            conn.terminate()
+            raise
+        if not self._usable():  # (closed meanwhile)
+            conn.terminate()
+            return None
+        conn.add_termination_listener(self._terminated)
+        self.conn, self.pid = conn, conn.get_server_pid()
+        return conn
+
+    def _usable(self) -> bool:
+        return not self.closed
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        self.heard += 1
+        if self.board.wake_one(payload):
+            self.woke += 1
+
+    def _terminated(self, conn: Any) -> None:
+        if conn is self.conn:
+            self.conn, self.pid = None, 0
+            self.joined.clear()
+            for key in self.board.names():
+                self.board.wake_all(key)  # releases may go unheard: ask again, then poll
+
+    async def close(self) -> None:
+        self.closed = True
+        conn, self.conn = self.conn, None
+        self.joined.clear()
+        if conn is not None:
+            await _close(conn, self.op_timeout)

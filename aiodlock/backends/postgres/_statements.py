@@ -1,0 +1,148 @@
+"""The SQL of the advisory strategy, and the names it derives: the 64-bit key of a lock and
+the NOTIFY channel of a namespace."""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["channel_of", "create_table", "lock_key", "quote_ident", "status", "try_lock"]
+
+
+def lock_key(namespace: str, name: str) -> int:
+    """The advisory lock key of ``name`` in ``namespace``: the first 8 bytes of a BLAKE2b
+    digest, as a signed bigint.  Stable across processes, versions and platforms.  Two names
+    that share a key (a chance of about n²/2⁶⁵ among n names) only contend for one lock."""
+    digest = hashlib.blake2b(
+        f"{namespace}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def channel_of(namespace: str) -> str:
+    """The NOTIFY channel of ``namespace`` (an identifier of at most 63 bytes, any namespace)."""
+    digest = hashlib.blake2b(namespace.encode("utf-8", "surrogatepass"), digest_size=8)
+    return f"aiodlock_{digest.hexdigest()}"
+
+
+def quote_ident(name: str) -> str:
+    """A (possibly schema-qualified) SQL identifier, each part double-quoted."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+def create_table(table: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table} ("
+        " key bigint PRIMARY KEY,"
+        " name bytea NOT NULL,"  # (UTF-8; text cannot hold a NUL)
+        " owner bytea NOT NULL,"
+        " token bigint NOT NULL,"
+        " pid integer NOT NULL,"  # the holder's session (status() checks it holds the key)
+        " granted_at timestamptz NOT NULL DEFAULT now())"
+    )
+
+
+def try_lock(table: str) -> str:
+    """$1 key, $2 name, $3 owner (UTF-8) -> the new token (one row) when the lock was taken, else no
+    row.  The CTE runs once (a volatile function is never inlined): the counter row is bumped
+    only when ``pg_try_advisory_lock`` succeeded, in the same statement (one round trip)."""
+    return (
+        "WITH got AS (SELECT pg_try_advisory_lock($1::bigint) AS ok) "
+        f"INSERT INTO {table} AS c (key, name, owner, token, pid) "
+        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE got.ok "
+        "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
+        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() "
+        "RETURNING token"
+    )
+
+
+def create_waiters(waiters: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {waiters} ("
+        " key bigint NOT NULL,"
+        " pid integer NOT NULL,"  # the waiting client's LISTEN session
+        " since timestamptz NOT NULL DEFAULT clock_timestamp(),"
+        " PRIMARY KEY (key, pid))"
+    )
+
+
+#: A session that no longer exists (its client died without leaving the line).
+_DEAD = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a WHERE a.pid IS NOT NULL)"
+
+
+def join_line(waiters: str) -> str:
+    """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way)."""
+    return (
+        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
+        + _DEAD.format(pid="pid")
+        + f") INSERT INTO {waiters} (key, pid) VALUES ($1::bigint, pg_backend_pid()) "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
+def leave_line(waiters: str) -> str:
+    """$1 key: this client waits for it no more."""
+    return f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
+
+
+def pass_on(waiters: str) -> str:
+    """$1 key, $2 channel: leave the line of ``key``, calling the next client in it (this
+    client was called and its waiter left without asking: a timeout, a cancellation)."""
+    return (
+        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
+        " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
+        f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
+        " AND NOT " + _DEAD.format(pid="pid") + " ORDER BY since LIMIT 1) w"
+    )
+
+
+def unlock(waiters: str) -> str:
+    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) goes
+    to the channel of ONE client, the one that has waited longest (``{channel}_{pid}``, the
+    pid of its LISTEN session), with the key: that client alone hears it, and wakes one of
+    its waiters of the key.  None is sent when nobody waits."""
+    return (
+        "SELECT pg_advisory_unlock($1::bigint), "
+        "(SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
+        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
+        + _DEAD.format(pid="pid")
+        + " ORDER BY since LIMIT 1) w)"
+    )
+
+
+_HELD_BY = (
+    "FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid::bigint = (($1::bigint >> 32) & 4294967295)"
+    " AND l.objid::bigint = ($1::bigint & 4294967295)"
+)
+
+
+def status(table: str) -> str:
+    """$1 key -> (pid, name, owner, token) of the session holding it, with the counter row
+    when that session took it through aiodlock (NULLs otherwise)."""
+    return (
+        "SELECT h.pid, c.name, c.owner, c.token "
+        f"FROM (SELECT l.pid {_HELD_BY} LIMIT 1) h "
+        f"LEFT JOIN {table} c ON c.key = $1::bigint AND c.pid = h.pid"
+    )
+
+
+#: $1 key, $2 wait (ms) -> how many other sessions holding the key were ended (waited for:
+#: their locks are free once it returns).
+TERMINATE = (
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(h.pid, $2::bigint))"
+    f" FROM (SELECT DISTINCT l.pid {_HELD_BY} AND l.pid <> pg_backend_pid()) h"
+)
+
+#: $1 channel, $2 key: announce a release the holder's session could not announce, on the
+#: namespace's channel, which every client hears (one waiter of each wakes).
+NOTIFY = "SELECT pg_notify($1::text, $2::bigint::text)"
+
+
+def encode(text: str) -> bytes:
+    """A name or owner as stored (any str, lone surrogates and NULs included)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogatepass")

@@ -1,0 +1,391 @@
+"""``postgresql://user:pw@host:5432/db`` (alias ``postgres://``): session-level advisory locks.
+
+A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespace and name
+(:func:`._statements.lock_key`), taken on the client's ONE holder connection; the same
+statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
+release unlocks and NOTIFYs the namespace's channel with the key in one round trip; each
+client LISTENs on one connection and wakes only its local waiter of that key.  The lease is
+the holder session: its end is the loss of every lock on it.  See docs/backends/postgres.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import random
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Self
+from urllib.parse import quote
+
+import anyio
+import asyncpg
+
+from ..._errors import BackendError, ConfigurationError, Unsupported, translating
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ..._url import ParsedURL, format_host, take_float, take_str
+from ..._wakeup import Backoff, BoardWaiter
+from .._base import Backend
+from . import _statements as sql
+from ._connection import Holder, Listener
+
+__all__ = ["PostgresBackend"]
+
+DEFAULT_PORT = 5432
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+#: Errors that time can cure: the server restarts, is starting, shut a session down.
+_TRANSIENT = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.ConnectionDoesNotExistError,
+)
+#: A statement that raised one of these ended with its session (a timeout discards it).
+_SESSION_ENDED = (
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Held:
+    """A grant's ``data``: its key, and the life of the holder connection it was made on."""
+
+    key: int
+    generation: int
+
+
+class PostgresBackend(Backend):
+    """Advisory locks on one holder session per client, woken by LISTEN/NOTIFY."""
+
+    backend_name = "postgres"
+    capabilities = Capability.FENCING | Capability.SESSION_LEASE | Capability.CROSS_PROCESS
+
+    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
+        if url.scheme not in ("postgresql", "postgres"):
+            raise ConfigurationError(f"not a PostgreSQL URL scheme: {url.scheme!r}")
+        self.config = config
+        self._scheme = url.scheme
+        hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        if len(hosts) > 1:
+            raise ConfigurationError("postgres: one host only (a proxy or a DNS name in front)")
+        self.host, self.port = hosts[0]
+        self.database = url.path.lstrip("/") or None
+        if self.database is not None and "/" in self.database:
+            raise ConfigurationError(f"postgres: bad database name in the URL path: {url.path!r}")
+        self.user = take_str(options, "user", url.username)
+        password = take_str(options, "password", url.password)
+        self._password = password
+        self._secrets = (password,) if password else ()
+        strategy = take_str(options, "strategy", "advisory")
+        if strategy == "table":
+            raise Unsupported(
+                "postgres: strategy='table' (the lock table) is not available yet; "
+                "use strategy='advisory'"
+            )
+        if strategy != "advisory":
+            raise ConfigurationError(
+                f"postgres: option 'strategy' must be 'advisory' or 'table', not {strategy!r}"
+            )
+        self.strategy = strategy
+        self.sslmode = take_str(options, "sslmode", None)
+        if self.sslmode is not None and self.sslmode not in SSLMODES:
+            raise ConfigurationError(
+                f"postgres: option 'sslmode' must be one of {', '.join(SSLMODES)}, "
+                f"not {self.sslmode!r}"
+            )
+        table = take_str(options, "table", "aiodlock_tokens") or "aiodlock_tokens"
+        self.table = table
+        self._table = sql.quote_ident(table)
+        self._waiters = sql.quote_ident(f"{table}_waiters")
+        self._unlock = sql.unlock(self._waiters)
+        self.poll_interval = take_float(options, "poll_interval", 1.0, allow_zero=False)
+        self.application_name = take_str(options, "application_name", "aiodlock")
+        self.channel = sql.channel_of(config.namespace)
+        self._try_lock = sql.try_lock(self._table)
+        self._status = sql.status(self._table)
+        self._on_lost: LostCallback | None = None
+        self._holder: Holder | None = None
+        self._listener: Listener | None = None
+        #: key -> the grant held on the holder session (one owner per key: advisory locks
+        #: stack per session, so the client itself keeps its tasks apart)
+        self._held: dict[int, Grant] = {}
+        #: key -> (owner, generation) of an attempt whose answer was lost (it may hold it)
+        self._doubt: dict[int, tuple[str, int]] = {}
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(config, url, options)
+
+    def describe(self) -> str:
+        auth = quote(self.user, safe="") if self.user is not None else ""
+        auth += ":***" if self._password is not None else ""
+        auth += "@" if auth else ""
+        query = f"?sslmode={self.sslmode}" if self.sslmode else ""
+        where = format_host(self.host, self.port)
+        return f"{self._scheme}://{auth}{where}/{quote(self.database or '')}{query}"
+
+    def key(self, name: str) -> int:
+        """The advisory lock key of ``name`` in this client's namespace."""
+        return sql.lock_key(self.config.namespace, name)
+
+    def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return translating(
+            "postgres",
+            (asyncpg.PostgresError, asyncpg.InterfaceError),
+            what=what,
+            secrets=self._secrets,
+            transient=_TRANSIENT,
+        )
+
+    async def _connect(self) -> asyncpg.Connection:
+        with self._translate("connect"):
+            return await asyncpg.connect(
+                host=self.host,
+                port=self.port,
+                user=self.user,
+                password=self._password,
+                database=self.database,
+                ssl=self.sslmode,
+                timeout=self.config.connect_timeout,
+                command_timeout=None,
+                statement_cache_size=16,
+                server_settings={"application_name": self.application_name or "aiodlock"},
+            )
+
+    @property
+    def holder(self) -> Holder:
+        if self._holder is None:
+            raise BackendError("postgres: the client is not open (or was closed)")
+        return self._holder
+
+    @property
+    def listener(self) -> Listener:
+        if self._listener is None:
+            raise BackendError("postgres: the client is not open (or was closed)")
+        return self._listener
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._on_lost = on_lost
+        op = self.config.op_timeout
+        self._holder = Holder(self._connect, op, self._ended, lambda: bool(self._held))
+        self._listener = Listener(self._connect, self.channel, self._waiters, op)
+        try:
+            async with self.holder.session() as conn:
+                assert conn is not None
+                with self._translate("create the token table"):
+                    for create in (
+                        sql.create_table(self._table),
+                        sql.create_waiters(self._waiters),
+                    ):
+                        try:
+                            await self.holder.call(conn, conn.execute(create))
+                        except asyncpg.UniqueViolationError:
+                            pass  # another client created it at the same moment
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        holder, listener = self._holder, self._listener
+        self._holder = self._listener = None
+        held, self._held = list(self._held.values()), {}
+        self._doubt.clear()
+        if held and self._on_lost is not None:
+            self._on_lost(held, "the client was closed while the lock was held")
+        if listener is not None:
+            await listener.close()
+        if holder is not None:
+            await holder.close()  # its session ends: the server frees its locks
+
+    def _ended(self, generation: int, reason: str) -> None:
+        """The holder session of ``generation`` ended: so did every lock on it."""
+        lost = [g for g in self._held.values() if g.data.generation == generation]
+        for grant in lost:
+            del self._held[grant.data.key]
+        self._doubt = {k: v for k, v in self._doubt.items() if v[1] != generation}
+        if self._listener is not None:
+            for grant in lost:  # local waiters ask again (no NOTIFY comes from a dead session)
+                self._listener.board.wake_all(str(grant.data.key))
+        if lost and self._on_lost is not None:
+            self._on_lost(lost, f"postgres: {reason}")
+
+    def _busy(self) -> Busy:
+        # The holder's session may end without a NOTIFY (a killed process): ask again after
+        # about poll_interval even when no release is heard.
+        return Busy(random.uniform(self.poll_interval / 2, self.poll_interval))
+
+    def _taken_here(self, key: int, request: Request) -> Grant | Busy | None:
+        grant = self._held.get(key)
+        if grant is not None:
+            mine = grant.owner == request.owner and grant.name == request.name
+            return grant if mine else self._busy()  # (a retried attempt: the same grant)
+        return self._busy() if key in self._doubt else None
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        key = self.key(request.name)
+        local = self._taken_here(key, request)
+        if local is not None:
+            return local
+        holder = self.holder
+        with self._translate("acquire"):
+            conn = await holder.begin()
+            try:
+                assert conn is not None
+                local = self._taken_here(key, request)  # (while this task waited its turn)
+                if local is not None:
+                    return local
+                generation = holder.generation
+                self._doubt[key] = (request.owner, generation)
+                try:
+                    name, owner = sql.encode(request.name), sql.encode(request.owner)
+                    token = await holder.call(conn, conn.fetchval(self._try_lock, key, name, owner))
+                except _SESSION_ENDED:
+                    self._doubt.pop(key, None)  # (the session is gone, and its locks)
+                    raise
+                del self._doubt[key]  # (an error or a cancellation leaves it: abandon())
+            finally:
+                holder.end()
+        if token is None:
+            return self._busy()
+        grant = Grant(request.name, request.owner, token, None, _Held(key, generation))
+        self._held[key] = grant
+        holder.keep_alive()
+        return grant
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        return self._waiter(self.key(request.name))
+
+    @contextlib.asynccontextmanager
+    async def _waiter(self, key: int) -> AsyncIterator[Waiter]:
+        listener = self.listener
+        slot = listener.board.add(str(key))
+        try:
+            since = None
+            # (unable to listen, it polls until a later waiter can)
+            with contextlib.suppress(BackendError), self._translate("listen"):
+                since = await listener.join(key)
+            listening = functools.partial(listener.listening_for, key)
+            waiter = BoardWaiter(slot, Backoff(0.01, self.poll_interval), listening)
+            waiter.listening_since = since
+            yield waiter
+        finally:
+            called = slot.event.is_set()  # (a wake-up it did not use)
+            listener.board.remove(slot)  # (which hands it to another local waiter, if any)
+            if not listener.board.count(str(key)):
+                shielded = anyio.CancelScope(shield=True)
+                with shielded, contextlib.suppress(BackendError), self._translate("leave"):
+                    await listener.leave(key, called)
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """The session is the lease: one ``SELECT 1`` proves it still lives."""
+        started = monotonic()
+        with self._translate("renew"):
+            async with self.holder.session(connect=False) as conn:
+                if conn is not None:
+                    await self.holder.call(conn, conn.fetchval("SELECT 1"))
+                generation = self.holder.generation
+        return [
+            started + ttl
+            if self._held.get(g.data.key) is g and g.data.generation == generation
+            else None
+            for g in grants
+        ]
+
+    async def release(self, grant: Grant) -> bool:
+        held: _Held = grant.data
+        if self._held.get(held.key) is not grant:
+            return False  # lost with its session, or broken by force_release
+        holder = self.holder
+        with self._translate("release"):
+            conn = await holder.begin(connect=False)
+            try:
+                if conn is None or holder.generation != held.generation:
+                    return False
+                del self._held[held.key]
+                try:
+                    step = conn.fetchrow(self._unlock, held.key, self.channel)
+                    row = await holder.call(conn, step)
+                except BaseException as exc:
+                    if not isinstance(exc, _SESSION_ENDED):
+                        # Unknown whether it is still held: only ending the session is sure.
+                        holder.discard(conn, f"a release was interrupted ({type(exc).__name__})")
+                    raise
+            finally:
+                holder.end()
+        return bool(row[0])
+
+    async def abandon(self, request: Request) -> None:
+        key = self.key(request.name)
+        grant = self._held.get(key)
+        if grant is not None and grant.owner == request.owner:
+            await self.release(grant)
+            return
+        doubt = self._doubt.get(key)
+        if doubt is None or doubt[0] != request.owner or self._holder is None:
+            return
+        holder = self.holder
+        with self._translate("abandon"):
+            async with holder.session(connect=False) as conn:
+                if conn is None or holder.generation != doubt[1]:
+                    return  # the session ended: nothing of it is left
+                try:
+                    # Unlock what the attempt may have taken (false, and a warning, if not).
+                    await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
+                except BaseException as exc:
+                    if not isinstance(exc, _SESSION_ENDED):
+                        holder.discard(conn, f"a clean-up was interrupted ({type(exc).__name__})")
+                    raise
+                finally:
+                    if self._doubt.get(key) == doubt:
+                        del self._doubt[key]
+
+    async def status(self, name: str) -> LockStatus | None:
+        key = self.key(name)
+        holder = self.holder
+        with self._translate("status"):
+            async with holder.session() as conn:
+                assert conn is not None
+                row = await holder.call(conn, conn.fetchrow(self._status, key))
+        if row is None:
+            return None
+        pid, holder_name, owner, token = row
+        if holder_name != sql.encode(name):  # taken outside aiodlock, or by a name with its key
+            return LockStatus(name, f"(PostgreSQL session {pid})", int(token or 0), None)
+        return LockStatus(name, sql.decode(owner), int(token), None)
+
+    async def force_release(self, name: str) -> bool:
+        """Unlock if this client holds it; else END the holding session (advisory locks can
+        only be released by their session): every lock of that client is lost."""
+        key = self.key(name)
+        holder = self.holder
+        with self._translate("force_release"):
+            async with holder.session() as conn:
+                assert conn is not None
+                grant = self._held.pop(key, None)
+                if grant is not None:
+                    row = await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
+                    if self._on_lost is not None:
+                        self._on_lost([grant], "postgres: the lock was broken (force_release)")
+                    return bool(row[0])
+                wait_ms = int(self.config.op_timeout * 1000)
+                step = conn.fetchval(sql.TERMINATE, key, wait_ms)
+                ended = await holder.call(conn, step, self.config.op_timeout * 2)
+                if ended:
+                    await holder.call(conn, conn.execute(sql.NOTIFY, self.channel, key))
+                return bool(ended)

@@ -1,0 +1,236 @@
+"""PostgreSQL benchmarks: aiodlock's ``postgresql://`` (advisory strategy) against the raw
+floor and against what people write by hand, on a throw-away PostgreSQL on a free loopback
+port (``tests/servers.py``; fsync off unless ``--durable``).
+
+* A (uncontended): one task, one name, acquire+release cycles in slices of ``--a-seconds``,
+  alternating with the floor: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` on one
+  asyncpg connection.  The ratio to the floor is taken per round, its median reported.
+* B (hand-off gap): ``--b-clients`` clients (one task each, so the lock passes between
+  sessions, not between the tasks of one client) take turns on one name holding it 1 ms;
+  the gap is from the holder's release call to the next holder's grant, when that is another
+  client (a client that takes the lock back at once is no hand-off).  The same for the
+  polling loop (``pg_try_advisory_lock``, then a 0.1 s sleep when busy).
+* W (wake-ups): ``--waiters`` clients wait on one name and take it in turn; the NOTIFYs
+  that woke a waiter, per hand-off (the fallback poll is off: ``poll_interval`` 60 s).
+
+    python -m benchmarks.postgres [--quick] [--durable]
+
+Prints the issue's targets (PASS/FAIL) and writes ``benchmarks/results/postgres.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+import aiodlock
+from aiodlock.backends.postgres import PostgresBackend
+
+from .server import ROOT, log, temporary_server
+
+perf = time.perf_counter
+KEY = 4242
+
+
+async def _floor(url: str, seconds: float) -> float:
+    conn = await asyncpg.connect(url)
+    try:
+        n, end = 0, perf() + seconds
+        while perf() < end:
+            assert await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", KEY)
+            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
+            n += 1
+        return n / seconds
+    finally:
+        await conn.close()
+
+
+async def _aiodlock(client: aiodlock.Client, seconds: float) -> float:
+    lock = client.lock("a")
+    n, end = 0, perf() + seconds
+    while perf() < end:
+        await lock.acquire()
+        await lock.release()
+        n += 1
+    return n / seconds
+
+
+async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
+    ratios, floor, ours = [], [], []
+    async with aiodlock.connect(url, namespace=f"a{uuid.uuid4().hex[:8]}") as client:
+        await _aiodlock(client, 0.3)  # warm up (connection, statement cache)
+        await _floor(url, 0.3)
+        for i in range(rounds):
+            pair = [_floor(url, seconds), _aiodlock(client, seconds)]
+            if i % 2:
+                b, a = await pair[1], await pair[0]
+            else:
+                a, b = await pair[0], await pair[1]
+            floor.append(a)
+            ours.append(b)
+            ratios.append(b / a)
+            log(f"A round {i + 1}: floor {a:.0f}/s, aiodlock {b:.0f}/s, ratio {b / a:.2f}")
+    return {"floor": floor, "aiodlock": ours, "ratio_median": statistics.median(ratios)}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def workload_b_aiodlock(url: str, clients: int, cycles: int) -> list[float]:
+    namespace = f"b{uuid.uuid4().hex[:8]}"
+    released: list[Any] = [0.0, None]  # when, by whom
+    gaps: list[float] = []
+    opened = [aiodlock.connect(url, namespace=namespace) for _ in range(clients)]
+    for client in opened:
+        await client.open()
+
+    async def run(client: aiodlock.Client) -> None:
+        for _ in range(cycles):
+            async with client.lock("b", timeout=60):
+                if released[1] not in (None, client):  # (a hand-off to another client)
+                    gaps.append(perf() - released[0])
+                await asyncio.sleep(0.001)
+                released[:] = perf(), client
+
+    try:
+        await asyncio.gather(*(run(c) for c in opened))
+    finally:
+        for client in opened:
+            await client.close()
+    return [g * 1000 for g in gaps]
+
+
+async def workload_b_polling(url: str, clients: int, cycles: int) -> list[float]:
+    released: list[Any] = [0.0, None]
+    gaps: list[float] = []
+    conns = [await asyncpg.connect(url) for _ in range(clients)]
+
+    async def run(conn: asyncpg.Connection) -> None:
+        for _ in range(cycles):
+            while not await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", KEY):
+                await asyncio.sleep(0.1)
+            if released[1] not in (None, conn):
+                gaps.append(perf() - released[0])
+            await asyncio.sleep(0.001)
+            released[:] = perf(), conn
+            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
+
+    try:
+        await asyncio.gather(*(run(c) for c in conns))
+    finally:
+        for conn in conns:
+            await conn.close()
+    return [g * 1000 for g in gaps]
+
+
+async def workload_w(url: str, waiters: int) -> dict[str, float]:
+    namespace = f"w{uuid.uuid4().hex[:8]}"
+    holder = aiodlock.connect(url, namespace=namespace)
+    await holder.open()
+    clients = [aiodlock.connect(url, namespace=namespace, poll_interval=60) for _ in range(waiters)]
+    for client in clients:
+        await client.open()
+    backends = [c.backend for c in clients]
+    assert all(isinstance(b, PostgresBackend) for b in backends)
+    listeners = [b.listener for b in backends]  # type: ignore[attr-defined]
+    done = 0
+
+    async def take(client: aiodlock.Client) -> None:
+        nonlocal done
+        async with client.lock("w", timeout=120):
+            await asyncio.sleep(0.001)
+            done += 1
+
+    try:
+        await holder.lock("w").acquire()
+        tasks = [asyncio.create_task(take(c)) for c in clients]
+        conn = await asyncpg.connect(url)
+        table = '"aiodlock_tokens_waiters"'
+        key = backends[0].key("w")  # type: ignore[attr-defined]
+        while await conn.fetchval(f"SELECT count(*) FROM {table} WHERE key = $1", key) < waiters:
+            await asyncio.sleep(0.01)
+        await conn.close()
+        started = perf()
+        await holder.lock("w").release()
+        await asyncio.gather(*tasks)
+        elapsed = perf() - started
+    finally:
+        for client in [holder, *clients]:
+            await client.close()
+    woke = sum(x.woke for x in listeners)
+    heard = sum(x.heard for x in listeners)
+    return {
+        "handoffs": waiters,
+        "wakeups_per_handoff": woke / waiters,
+        "notifications_heard_per_handoff": heard / waiters,
+        "ms_per_handoff": elapsed * 1000 / waiters,
+    }
+
+
+async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    result["A"] = await workload_a(url, args.a_rounds, args.a_seconds)
+    ours = await workload_b_aiodlock(url, args.b_clients, args.b_cycles)
+    polling = await workload_b_polling(url, args.b_clients, max(5, args.b_cycles // 10))
+    result["B"] = {
+        name: {"p50_ms": _pct(gaps, 0.5), "p99_ms": _pct(gaps, 0.99), "n": len(gaps)}
+        for name, gaps in (("aiodlock", ours), ("polling", polling))
+    }
+    log(f"B: {result['B']}")
+    result["W"] = await workload_w(url, args.waiters)
+    log(f"W: {result['W']}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--durable", action="store_true", help="fsync and synchronous_commit on")
+    parser.add_argument("--a-rounds", type=int, default=7)
+    parser.add_argument("--a-seconds", type=float, default=1.5)
+    parser.add_argument("--b-clients", type=int, default=4)
+    parser.add_argument("--b-cycles", type=int, default=200)
+    parser.add_argument("--waiters", type=int, default=100)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.a_rounds, args.a_seconds, args.b_cycles, args.waiters = 2, 0.5, 30, 20
+    extra = ["-c", "max_connections=400"]
+    if args.durable:
+        extra += ["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"]
+
+    def make(servers: Any, base: Any) -> Any:
+        return servers.PostgresServer(base, extra_args=extra)
+
+    with temporary_server("postgres", make, "aiodlock-bench-pg-") as server:
+        result = asyncio.run(run(args, server.url))
+    result["durable"] = args.durable
+    a, b, w = result["A"], result["B"]["aiodlock"], result["W"]
+    targets = [
+        ("A: uncontended >= 0.8x the floor", a["ratio_median"] >= 0.8, a["ratio_median"]),
+        ("B: hand-off gap p50 < 2 ms", b["p50_ms"] < 2, b["p50_ms"]),
+        ("B: hand-off gap p99 < 10 ms", b["p99_ms"] < 10, b["p99_ms"]),
+        (f"W: wake-ups per hand-off 1.0 ({args.waiters} waiters)",
+         abs(w["wakeups_per_handoff"] - 1.0) < 1e-9, w["wakeups_per_handoff"]),
+    ]  # fmt: skip
+    for text, ok, value in targets:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}: {value:.3g}")
+    print(f"polling loop: hand-off gap p50 {result['B']['polling']['p50_ms']:.1f} ms, "
+          f"p99 {result['B']['polling']['p99_ms']:.1f} ms")  # fmt: skip
+    if not args.quick:
+        name = "postgres-durable" if args.durable else "postgres"
+        out = ROOT / "benchmarks" / "results" / f"{name}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

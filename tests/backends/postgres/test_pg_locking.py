@@ -1,0 +1,240 @@
+"""Advisory locks: exclusion between the tasks of one client (advisory locks stack per
+session) and between clients, the tokens, one wake-up per release, cancellation, status."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+import aiodlock
+from tests.helpers import HANG, ClientFactory, eventually
+
+from .conftest import RawFactory
+from .pg_helpers import backend_of, holders, line
+
+
+async def test_two_tasks_of_one_client_exclude_each_other(
+    client: aiodlock.Client, raw: RawFactory
+) -> None:
+    conn = await raw()
+    key = backend_of(client).key("shared")
+    first = await client.lock("shared").acquire()
+
+    async def other_task() -> aiodlock.Lease | None:
+        return await client.lock("shared").try_acquire()
+
+    # The other task shares the holder session, where pg_try_advisory_lock would succeed
+    # (it stacks): the client itself must say no.
+    assert await asyncio.create_task(other_task()) is None
+    with pytest.raises(aiodlock.LockTimeout):
+        await asyncio.create_task(client.lock("shared").acquire(timeout=0.2))
+    assert await holders(conn, key) == [backend_of(client).holder.pid]
+    await client.lock("shared").release()
+    assert await holders(conn, key) == []  # not stacked: one unlock freed it
+    del first
+
+
+async def test_many_tasks_of_one_client_and_another_client_take_turns(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    a, b = await make_client(), await make_client()
+    inside = 0
+    tokens: list[int] = []
+
+    async def worker(client: aiodlock.Client) -> None:
+        nonlocal inside
+        for _ in range(4):
+            async with client.lock("turns", timeout=HANG) as lease:
+                inside += 1
+                assert inside == 1
+                tokens.append(lease.token)
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await asyncio.gather(*(worker(c) for c in [a, b] * 4))
+    assert len(tokens) == 32
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == 32
+    assert await holders(await raw(), backend_of(a).key("turns")) == []
+
+
+async def test_one_client_is_woken_per_release(make_client: ClientFactory, raw: RawFactory) -> None:
+    conn = await raw()
+    holder = await make_client()
+    # (no fallback poll during the test: only NOTIFYs wake)
+    waiters = [await make_client(poll_interval=HANG) for _ in range(4)]
+    other_name = await make_client(poll_interval=HANG)
+    key = backend_of(holder).key("herd")
+    await holder.lock("herd").acquire()
+    await other_name.lock("elsewhere").acquire()
+    order: list[aiodlock.Client] = []
+
+    async def wait(client: aiodlock.Client) -> None:
+        async with client.lock("herd", timeout=HANG):
+            order.append(client)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(wait(c)) for c in waiters]
+    bystander = asyncio.create_task(other_name.lock("elsewhere").acquire(timeout=HANG))
+    await eventually(lambda: _lined_up(conn, holder, key, 4), what="4 waiters in line")
+    await holder.lock("herd").release()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    # 4 releases (the holder's, then 3 waiters'): each woke exactly one waiter, in the
+    # order they lined up; nobody else heard a call for them.
+    listeners = [backend_of(c).listener for c in waiters]
+    assert [x.woke for x in listeners] == [1, 1, 1, 1]
+    # (and each NOTIFY went to the one client it called: nobody else even heard it)
+    assert [x.heard for x in listeners] == [1, 1, 1, 1]
+    assert len(set(order)) == 4
+    assert await line(conn, holder, key) == []
+    assert not bystander.done()  # a waiter of another name slept through all of it
+    assert backend_of(other_name).listener.heard == 0
+    bystander.cancel()
+
+
+async def _take(client: aiodlock.Client, name: str) -> None:
+    async with client.lock(name, timeout=HANG):
+        pass
+
+
+async def _none(conn: object, key: int) -> bool:
+    return await holders(conn, key) == []  # type: ignore[arg-type]
+
+
+async def _lined_up(conn: object, client: aiodlock.Client, key: int, n: int) -> bool:
+    return len(await line(conn, client, key)) == n  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0003, 0.001, 0.002, 0.004, 0.008, 0.02])
+async def test_cancellation_at_any_point_leaves_nothing_behind(
+    make_client: ClientFactory, raw: RawFactory, delay: float
+) -> None:
+    conn = await raw()
+    a, blocker = await make_client(), await make_client()
+    key = backend_of(a).key("cancel")
+    await blocker.lock("cancel").acquire()
+    free_too = asyncio.create_task(a.lock("free").acquire())
+    waiting = asyncio.create_task(a.lock("cancel").acquire(timeout=HANG))
+    await asyncio.sleep(delay)
+    free_too.cancel()
+    waiting.cancel()
+    await asyncio.gather(free_too, waiting, return_exceptions=True)
+    # (a "free" won before the cancellation is released by the core as its task ended)
+    pid = backend_of(a).holder.pid
+    assert pid not in await holders(conn, key)
+    free_key = backend_of(a).key("free")
+    await eventually(lambda: _none(conn, free_key), what="'free' released")
+    assert await line(conn, a, key) == []
+    # The client goes on normally.
+    await blocker.lock("cancel").release()
+    async with a.lock("cancel", timeout=HANG), a.lock("free", timeout=HANG):
+        pass
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x'); SELECT pg_advisory_unlock_all(); --",
+        'quote"d',
+        "nul\x00byte",
+        "\udcff",
+        "é" * 3000,
+        "",
+    ],
+    ids=["injection", "quote", "nul", "surrogate", "long", "empty"],
+)
+async def test_hostile_names(make_client: ClientFactory, name: str) -> None:
+    a, b = await make_client(), await make_client()
+    try:
+        lock = a.lock(name)
+    except aiodlock.ConfigurationError:
+        return  # (the core refuses it for every backend)
+    async with lock as lease:
+        assert await b.lock(name).try_acquire() is None
+        status = await b.lock(name).status()
+        assert status is not None
+        assert (status.name, status.owner, status.token) == (name, lease.owner, lease.token)
+    assert await b.lock(name).status() is None
+
+
+async def test_the_longest_namespace_has_a_valid_channel(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    namespace = "a.b:c-D_" * 8  # (64 characters, the most the core allows)
+    a = await make_client(namespace=namespace, poll_interval=HANG)
+    b = await make_client(namespace=namespace, poll_interval=HANG)
+    conn = await raw()
+    async with a.lock("n"):
+        assert await b.lock("n").try_acquire() is None
+        waiter = asyncio.create_task(_take(b, "n"))
+        await eventually(lambda: _lined_up(conn, b, backend_of(b).key("n"), 1))
+    await asyncio.wait_for(waiter, HANG)
+    assert backend_of(b).listener.woke == 1
+
+
+async def test_status_of_a_lock_taken_outside_aiodlock(
+    client: aiodlock.Client, raw: RawFactory
+) -> None:
+    conn = await raw()
+    async with client.lock("foreign"):  # (the counter row names this owner from now on)
+        pass
+    await conn.fetchval("SELECT pg_advisory_lock($1)", backend_of(client).key("foreign"))
+    status = await client.lock("foreign").status()
+    assert status is not None
+    assert status.owner == f"(PostgreSQL session {conn.get_server_pid()})"
+    assert await client.lock("foreign").try_acquire() is None
+
+
+async def test_force_release_ends_the_holding_session(make_client: ClientFactory) -> None:
+    a, admin = await make_client(), await make_client()
+    lost = asyncio.Event()
+    async with a.lock("one", on_lost=lambda _: lost.set()) as one:
+        pid = backend_of(a).holder.pid
+        assert await admin.force_release("one")
+        await asyncio.wait_for(lost.wait(), HANG)
+        assert one.lost
+    # The client reconnects on its next use.
+    async with a.lock("two") as two:
+        assert not two.lost
+        assert backend_of(a).holder.pid not in (None, pid)
+
+
+async def test_tokens_survive_a_new_holder_session(make_client: ClientFactory) -> None:
+    a = await make_client()
+    tokens = []
+    for _ in range(3):
+        async with a.lock("tok") as lease:
+            tokens.append(lease.token)
+        backend_of(a).holder.discard(backend_of(a).holder.conn, "test")  # type: ignore[arg-type]
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == 3
+    assert all(b - a == 1 for a, b in itertools.pairwise(tokens))
+
+
+async def test_a_called_client_that_leaves_calls_the_next_one(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    conn = await raw()
+    holder = await make_client()
+    first = await make_client(poll_interval=HANG)
+    second = await make_client(poll_interval=HANG)
+    key = backend_of(holder).key("pass")
+    await holder.lock("pass").acquire()
+    gone = asyncio.create_task(_take(first, "pass"))
+    await eventually(lambda: _lined_up(conn, holder, key, 1))
+    taker = asyncio.create_task(_take(second, "pass"))
+    await eventually(lambda: _lined_up(conn, holder, key, 2))
+    # The first client is called, and its waiter is cancelled before it can ask again.
+    listen = backend_of(first).listener.conn
+    assert listen is not None
+    own = f"{backend_of(first).channel}_{listen.get_server_pid()}"
+    await listen.add_listener(own, lambda *_: gone.cancel())
+    await holder.lock("pass").release()
+    # Its unused wake-up goes to the next client in line, which takes the lock at once
+    # (its fallback poll is HANG seconds away).
+    await asyncio.wait_for(taker, HANG / 3)
+    assert gone.cancelled()
+    assert backend_of(second).listener.woke == 1
+    assert await line(conn, holder, key) == []
