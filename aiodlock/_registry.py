@@ -28,10 +28,18 @@ BUILTIN: dict[str, str] = {
     "redlock": "aiodlock.backends.redis:RedlockBackend",
     "zookeeper": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
+    "etcd": "aiodlock.backends.etcd:EtcdBackend",
+    "etcds": "aiodlock.backends.etcd:EtcdBackend",
 }
 
 #: The pip extra that brings a scheme's driver (the scheme's own name where it has one).
-EXTRAS: dict[str, str] = {"redlock": "redlock", "zookeeper": "zookeeper", "zk": "zookeeper"}
+EXTRAS: dict[str, str] = {
+    "redlock": "redlock",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
+    "etcd": "etcd",
+    "etcds": "etcd",
+}
 EXTRAS.update(dict.fromkeys([s for s in BUILTIN if s.startswith(("redis", "unix"))], "redis"))
 
 

@@ -1,0 +1,105 @@
+"""One owner's place in a lock's line, and its wake-up: a watch on the DELETE of the key just
+ahead of its own (etcd's ``waitDeletes``), from the revision of the read that found it, so no
+deletion between the read and the watch is missed.  A compaction that overtook the watch, a
+watch that ends or fails: the waiter is woken and reads the line again."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from etcd3aio import Etcd3Client, WatchFilter
+
+from ..._types import Request, Waiter
+from ..._wakeup import Wakeup
+
+log = logging.getLogger("aiodlock.etcd")
+
+_DELETE = 1  # mvccpb.Event.DELETE
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Place:
+    """An owner's key in a lock's line, from its first waiting attempt until it is granted
+    or abandoned."""
+
+    request: Request
+    key: bytes = b""
+    lease: int = 0
+    revision: int = 0  # the key's create_revision (0: not known)
+    #: When the attempt that armed the watch was sent (the waiter hears every release since).
+    sent: float | None = None
+    event: Wakeup = dataclasses.field(default_factory=Wakeup)
+    ahead: bytes | None = None  # the key watched (the newest one older than ours)
+    watch: asyncio.Task[None] | None = None
+
+    def forget(self) -> None:
+        """Our key is gone (with its lease): the next attempt makes a new one."""
+        self.stop()
+        self.key, self.lease, self.revision = b"", 0, 0
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
+        self.ahead = None
+        self.sent = None
+
+    def arm(self, client: Etcd3Client, ahead: bytes, revision: int, sent: float) -> None:
+        """Watch ``ahead`` for its deletion after ``revision`` (kept if it is watched already)."""
+        if self.ahead == ahead and self.watch is not None and not self.watch.done():
+            return
+        self.stop()
+        self.ahead, self.sent = ahead, sent
+        self.watch = asyncio.get_running_loop().create_task(
+            self._watch(client, ahead, revision + 1), name="aiodlock:etcd-watch"
+        )
+
+    async def _watch(self, client: Etcd3Client, key: bytes, start: int) -> None:
+        watch = client.watch
+        try:
+            if watch is None:
+                return
+            stream = watch.watch(key, start_revision=start, filters=[WatchFilter.NOPUT])
+            async for reply in stream:
+                if reply.compact_revision > 0 or reply.canceled:
+                    return  # (etcd3aio would jump past the compaction: read the line again)
+                if any(event.type == _DELETE for event in reply.events):
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the waiter reads again (and meets the failure itself)
+            log.debug("etcd: the watch on %r failed: %r", key, exc)
+        finally:
+            if self.watch is asyncio.current_task():
+                self.watch = None
+                self.ahead = None
+                self.sent = None
+                self.event.set()
+
+
+class PlaceWaiter(Waiter):
+    """What :func:`~aiodlock._waiting.acquire_loop` sleeps on: the place's watch."""
+
+    __slots__ = ("listening_since", "place")
+
+    def __init__(self, place: Place) -> None:
+        self.place = place
+        # A watch armed by the first attempt replays every deletion since that attempt's read.
+        self.listening_since = place.sent
+
+    async def wait(self, timeout: float | None) -> bool:
+        event = self.place.event
+        await event.wait(timeout)
+        if not event.is_set():
+            return False
+        self.place.event = Wakeup()
+        return True
+
+    def listening(self) -> bool:
+        # The server's line decides who is next: no local reservation is of any use.
+        return False
+
+    def wake(self) -> None:
+        self.place.event.set()

@@ -1,0 +1,378 @@
+"""``etcd://h1:2379,h2:2379`` (``etcds://``: TLS): the protocol of etcd's concurrency Mutex.
+
+One lease per client (:mod:`._session`).  An attempt is ONE transaction: if my key
+``/{namespace}/locks/{name}/{lease hex}/{owner}`` has create_revision 0, put it with the
+lease; either way read the oldest key of the lock's prefix (and the newest one older than
+mine).  The lock is held when the oldest key is mine; a waiter watches the key just ahead
+for its DELETE (:mod:`._queue`) and asks again.  Release deletes my key only while its
+create_revision is the one granted.  The token is that create_revision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ssl
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import quote
+
+import grpc
+from etcd3aio import SortOrder, SortTarget, prefix_range_end
+from etcd3aio.kv import KVService
+
+from ..._errors import BackendError, ConfigurationError
+from ..._retry import Guaranteed
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ..._url import ParsedURL, format_host, take_str
+from .._base import Backend
+from ._keys import Keys
+from ._queue import Place, PlaceWaiter
+from ._session import Session, rpc_code
+
+DEFAULT_PORT = 2379
+SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_cmp_create = KVService.txn_compare_create_revision
+_put, _get, _delete = KVService.txn_op_put, KVService.txn_op_get, KVService.txn_op_delete
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """A grant's ``data``: the key, its create_revision (the token) and its lease."""
+
+    key: bytes
+    revision: int
+    lease: int
+
+
+def _range(prefix: bytes, *, newest: bool = False, limit: int = 1, below: int = 0) -> Any:
+    """A txn range op over the lock's keys, by create_revision (oldest first, or newest)."""
+    op = _get(prefix, range_end=prefix_range_end(prefix))
+    r = op.request_range
+    r.limit = limit
+    r.sort_target = int(SortTarget.CREATE)
+    r.sort_order = int(SortOrder.DESCEND if newest else SortOrder.ASCEND)
+    r.keys_only = True
+    if below > 0:
+        r.max_create_revision = below
+    return op
+
+
+class EtcdBackend(Backend):
+    """Locks as keys of one client lease, queued by create_revision."""
+
+    backend_name = "etcd"
+    capabilities = (
+        Capability.FAIR
+        | Capability.ALWAYS_FAIR
+        | Capability.FENCING
+        | Capability.SESSION_LEASE
+        | Capability.CROSS_PROCESS
+    )
+
+    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
+        if url.scheme not in ("etcd", "etcds"):
+            raise ConfigurationError(f"not an etcd URL scheme: {url.scheme!r}")
+        if url.path not in ("", "/"):
+            raise ConfigurationError(
+                f"an etcd URL takes no path (got {url.path!r}); use the namespace option"
+            )
+        self.config = config
+        self._scheme = url.scheme
+        self.hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        self.username = take_str(options, "username", url.username)
+        password = take_str(options, "password", url.password)
+        if (self.username is None) != (password is None):
+            raise ConfigurationError(
+                "etcd authentication needs both a user name and a password "
+                "(etcd://USER:PASSWORD@host:2379)"
+            )
+        self._credentials = None if password is None else (str(self.username), password)
+        files = {name: take_str(options, name, None) for name in SSL_FILES}
+        self._tls = _tls(files) if url.scheme == "etcds" else None
+        if url.scheme == "etcd" and any(files.values()):
+            raise ConfigurationError("ssl_* options need the etcds:// scheme")
+        self.keys = Keys(config.namespace)
+        self.session: Session | None = None
+        self._on_lost: LostCallback | None = None
+        self._cleanup: Guaranteed | None = None
+        self._places: dict[tuple[str, str], Place] = {}
+        self._grants: dict[bytes, Grant] = {}
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(config, url, options)
+
+    def describe(self) -> str:
+        auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
+        servers = ",".join(format_host(h, p) for h, p in self.hosts)
+        return f"{self._scheme}://{auth}{servers}"
+
+    @property
+    def _io(self) -> Session:
+        if self.session is None or self.session.closed:
+            raise BackendError("etcd: the client is not open (or was closed)")
+        return self.session
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._on_lost = on_lost
+        self._cleanup = Guaranteed("etcd: delete")
+        self.session = Session(
+            self.hosts,
+            self.config,
+            tls=self._tls,
+            credentials=self._credentials,
+            on_lost=self._lease_lost,
+        )
+        try:
+            await self.session.start()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        for place in self._places.values():
+            place.stop()
+            place.event.set()
+        self._places.clear()
+        if self._cleanup is not None:
+            await self._cleanup.aclose()
+        grants, self._grants = list(self._grants.values()), {}
+        if grants and self._on_lost is not None:
+            self._on_lost(grants, "the client was closed while the lock was held")
+        session, self.session = self.session, None
+        if session is not None:
+            await session.close()  # the lease is revoked: the server deletes its keys at once
+
+    def _lease_lost(self, lease: int, reason: str) -> None:
+        lost = [g for g in self._grants.values() if g.data.lease == lease]
+        for grant in lost:
+            del self._grants[grant.data.key]
+        if lost and self._on_lost is not None:
+            self._on_lost(lost, reason)
+        for place in self._places.values():
+            if place.lease == lease:
+                place.forget()
+                place.event.set()
+        session = self.session
+        if session is not None and self._cleanup is not None:
+            self._cleanup.later(("revoke", lease), lambda: session.revoke(lease))
+
+    # -- acquiring -------------------------------------------------------------------------------
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        session = self._io
+        place = self._places.get((request.name, request.owner))
+        lease = await session.current()
+        if place is not None:
+            place.event = type(place.event)()  # what this read sees needs no wake-up
+            if place.lease and place.lease != lease:
+                place.forget()  # its key went with its lease
+        key = self.keys.key(request.name, lease, request.owner)
+        prefix = self.keys.prefix(request.name)
+        put = _put(key, request.owner, lease=lease)
+        known = place.revision if place is not None and place.key == key else 0
+        if will_wait:
+            compare = [_cmp_create(key, 0)]
+            success = [put, _get(key), _range(prefix), _range(prefix, newest=True, limit=2)]
+            failure = [_get(key), _range(prefix), _range(prefix, newest=True, below=known - 1)]
+        else:  # a try-lock puts its key only into an empty line
+            compare = [_cmp_create(prefix, 0, range_end=prefix_range_end(prefix))]
+            success = [put, _get(key), _range(prefix)]
+            failure = [_get(key), _range(prefix)]
+        sent = monotonic()
+        client = session.io
+        assert client.kv is not None
+        with self._lease_errors(lease, "acquire"):
+            reply = await client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
+        ops = [r.response_range for r in reply.responses]
+        if reply.succeeded:
+            ops = ops[1:]  # (the put's answer)
+        mine = ops[0].kvs
+        if not mine:
+            return Busy(None)  # a try-lock on a taken lock: nothing was put
+        revision = mine[0].create_revision
+        oldest = ops[1].kvs
+        if oldest and oldest[0].key == key:
+            if place is not None:
+                self._places.pop((request.name, request.owner), None)
+                place.stop()
+            grant = Grant(request.name, request.owner, revision, None, Held(key, revision, lease))
+            self._grants[key] = grant
+            return grant
+        if not will_wait:
+            return Busy(None)
+        if place is None:
+            place = self._places[(request.name, request.owner)] = Place(request)
+        request.queued = True
+        place.key, place.lease, place.revision = key, lease, revision
+        trusted = reply.succeeded or known == revision
+        ahead = next((bytes(kv.key) for kv in ops[2].kvs if kv.key != key), None)
+        if ahead is None or not trusted:
+            with self._lease_errors(lease, "acquire"):
+                ahead = await self._before(prefix, revision, reply.header.revision)
+        if ahead is None:
+            place.event.set()  # (nothing older is left at that revision: ask again)
+        else:
+            place.arm(client, ahead, reply.header.revision, sent)
+        return Busy(None)
+
+    async def _before(self, prefix: bytes, revision: int, at: int) -> bytes | None:
+        """The newest key of the line created before ``revision``, read at revision ``at``."""
+        op = _range(prefix, newest=True, below=revision - 1)
+        op.request_range.revision = at
+        client = self._io.io
+        assert client.kv is not None
+        reply = await client.kv.txn([], [op], timeout=self.config.op_timeout)
+        kvs = reply.responses[0].response_range.kvs
+        return bytes(kvs[0].key) if kvs else None
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        key = (request.name, request.owner)
+        place = self._places.get(key)
+        if place is None:
+            place = self._places[key] = Place(request)
+        return contextlib.nullcontext(PlaceWaiter(place))
+
+    @contextlib.contextmanager
+    def _lease_errors(self, lease: int, what: str) -> Any:
+        """Translate; a put on a lease the server no longer knows is its loss (detected)."""
+        session = self._io
+        try:
+            with session.translate(what):
+                yield
+        except BackendError as error:
+            if rpc_code(error) == grpc.StatusCode.NOT_FOUND or "lease not found" in str(error):
+                session.lose(lease, "the server no longer knows the lease (revoked or expired)")
+                error.transient = True
+            raise
+
+    # -- releasing -------------------------------------------------------------------------------
+
+    async def release(self, grant: Grant) -> bool:
+        held: Held = grant.data
+        self._grants.pop(held.key, None)
+        return bool(await self._delete(held.key, held.revision, "release"))
+
+    async def _delete(self, key: bytes, revision: int, what: str) -> bool:
+        """Delete ``key`` if its create_revision is ``revision`` (0: whatever it is); what
+        cannot be done within ``op_timeout`` is done in the background."""
+        session = self._io
+        assert self._cleanup is not None
+
+        async def delete() -> bool:
+            client = session.io
+            assert client.kv is not None
+            compare = [_cmp_create(key, revision)] if revision else []
+            with session.translate(what):
+                reply = await client.kv.txn(compare, [_delete(key)], timeout=self.config.op_timeout)
+            return bool(reply.succeeded and reply.responses[0].response_delete_range.deleted)
+
+        until = monotonic() + self.config.op_timeout
+        return await self._cleanup.run((key, revision), delete, until=until)
+
+    async def abandon(self, request: Request) -> None:
+        place = self._places.pop((request.name, request.owner), None)
+        session = self.session
+        if session is None or session.closed:
+            return
+        keys: dict[bytes, int] = {}
+        if place is not None:
+            place.stop()
+            if place.key:
+                keys[place.key] = place.revision
+        if session.lease:  # a key whose create was answered too late to be known
+            keys.setdefault(self.keys.key(request.name, session.lease, request.owner), 0)
+        for key, revision in keys.items():
+            await self._delete(key, revision, "abandon")
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """(only ``extend()``: the lease is kept alive by the session) Is each key still ours?"""
+        session = self._io
+        started = monotonic()
+        client = session.io
+        assert client.kv is not None
+        with session.translate("renew"):
+            reply = await client.kv.txn(
+                [], [_get(g.data.key) for g in grants], timeout=self.config.op_timeout
+            )
+        results: list[float | None] = []
+        for grant, answer in zip(grants, reply.responses, strict=True):
+            kvs = answer.response_range.kvs
+            ok = bool(kvs) and kvs[0].create_revision == grant.data.revision
+            ok = ok and grant.data.lease == session.lease
+            results.append(started + ttl if ok else None)
+        return results
+
+    # -- looking ---------------------------------------------------------------------------------
+
+    async def _line(self, name: str) -> tuple[Any, int]:
+        """The holder's key-value (or None) and how many keys the line has."""
+        prefix = self.keys.prefix(name)
+        head = _range(prefix)
+        head.request_range.keys_only = False
+        count = _get(prefix, range_end=prefix_range_end(prefix))
+        count.request_range.count_only = True
+        session = self._io
+        client = session.io
+        assert client.kv is not None
+        with session.translate("status"):
+            reply = await client.kv.txn([], [head, count], timeout=self.config.op_timeout)
+        kvs = reply.responses[0].response_range.kvs
+        return (kvs[0] if kvs else None), int(reply.responses[1].response_range.count)
+
+    async def status(self, name: str) -> LockStatus | None:
+        holder, count = await self._line(name)
+        if holder is None:
+            return None
+        session = self._io
+        client = session.io
+        assert client.lease is not None
+        with session.translate("status"):
+            ttl = await client.lease.time_to_live(holder.lease, timeout=self.config.op_timeout)
+        left = float(ttl.TTL) if ttl.TTL >= 0 else 0.0
+        owner = bytes(holder.value).decode("utf-8", "surrogatepass")
+        return LockStatus(name, owner, holder.create_revision, left, count - 1)
+
+    async def force_release(self, name: str) -> bool:
+        holder, _ = await self._line(name)
+        if holder is None:
+            return False
+        return await self._delete(bytes(holder.key), holder.create_revision, "force_release")
+
+
+def _tls(files: dict[str, str | None]) -> dict[str, bytes | None]:
+    """etcd3aio's TLS arguments from the ``ssl_*`` file options (the system's CAs by default)."""
+    ca = files["ssl_ca_certs"] or ssl.get_default_verify_paths().cafile
+    if not ca:
+        raise ConfigurationError("etcds:// needs ssl_ca_certs (no system CA bundle was found)")
+    if bool(files["ssl_certfile"]) != bool(files["ssl_keyfile"]):
+        raise ConfigurationError("ssl_certfile and ssl_keyfile go together (client certificate)")
+
+    def read(name: str, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(f"option {name!r}: cannot read {path!r}: {exc}") from exc
+
+    return {
+        "ca_cert": read("ssl_ca_certs", ca),
+        "cert_chain": read("ssl_certfile", files["ssl_certfile"]),
+        "cert_key": read("ssl_keyfile", files["ssl_keyfile"]),
+    }
