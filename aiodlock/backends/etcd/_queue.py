@@ -19,6 +19,26 @@ log = logging.getLogger("aiodlock.etcd")
 _DELETE = 1  # mvccpb.Event.DELETE
 
 
+async def deleted(client: Etcd3Client, key: bytes, start: int) -> bool:
+    """Return once ``key`` is deleted at or after revision ``start`` (True), or once the
+    watch cannot tell (False: compacted past ``start``, cancelled by the server, failed)."""
+    watch = client.watch
+    if watch is None:
+        return False
+    try:
+        stream = watch.watch(key, start_revision=start, filters=[WatchFilter.NOPUT])
+        async for reply in stream:
+            if reply.compact_revision > 0 or reply.canceled:
+                return False  # (etcd3aio would jump past the compaction: read again)
+            if any(event.type == _DELETE for event in reply.events):
+                return True
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the caller reads again (and meets the failure itself)
+        log.debug("etcd: the watch on %r failed: %r", key, exc)
+    return False
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class Place:
     """An owner's key in a lock's line, from its first waiting attempt until it is granted
@@ -57,20 +77,8 @@ class Place:
         )
 
     async def _watch(self, client: Etcd3Client, key: bytes, start: int) -> None:
-        watch = client.watch
         try:
-            if watch is None:
-                return
-            stream = watch.watch(key, start_revision=start, filters=[WatchFilter.NOPUT])
-            async for reply in stream:
-                if reply.compact_revision > 0 or reply.canceled:
-                    return  # (etcd3aio would jump past the compaction: read the line again)
-                if any(event.type == _DELETE for event in reply.events):
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the waiter reads again (and meets the failure itself)
-            log.debug("etcd: the watch on %r failed: %r", key, exc)
+            await deleted(client, key, start)
         finally:
             if self.watch is asyncio.current_task():
                 self.watch = None

@@ -10,6 +10,7 @@ create_revision is the one granted.  The token is that create_revision.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import ssl
@@ -39,22 +40,31 @@ from ..._types import (
 from ..._url import ParsedURL, format_host, take_str
 from .._base import Backend
 from ._keys import Keys
-from ._queue import Place, PlaceWaiter
+from ._queue import Place, PlaceWaiter, deleted
 from ._session import Session, rpc_code
 
 DEFAULT_PORT = 2379
+#: Seconds after a grant when the holder's watch on its own key is made.
+OWN_WATCH_DELAY = 0.05
 SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _cmp_create = KVService.txn_compare_create_revision
 _put, _get, _delete = KVService.txn_op_put, KVService.txn_op_get, KVService.txn_op_delete
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class Held:
-    """A grant's ``data``: the key, its create_revision (the token) and its lease."""
+    """A grant's ``data``: the key, its create_revision (the token), its lease, and the
+    watch that reports the key's deletion by someone else (a force_release)."""
 
     key: bytes
     revision: int
     lease: int
+    watch: asyncio.TimerHandle | asyncio.Task[None] | None = None
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
 
 
 def _range(prefix: bytes, *, newest: bool = False, limit: int = 1, below: int = 0) -> Any:
@@ -110,6 +120,8 @@ class EtcdBackend(Backend):
         self._cleanup: Guaranteed | None = None
         self._places: dict[tuple[str, str], Place] = {}
         self._grants: dict[bytes, Grant] = {}
+        #: (name, owner) -> its attempt's transaction, until answered (see abandon()).
+        self._calls: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -152,6 +164,8 @@ class EtcdBackend(Backend):
         if self._cleanup is not None:
             await self._cleanup.aclose()
         grants, self._grants = list(self._grants.values()), {}
+        for grant in grants:
+            grant.data.stop()
         if grants and self._on_lost is not None:
             self._on_lost(grants, "the client was closed while the lock was held")
         session, self.session = self.session, None
@@ -162,6 +176,7 @@ class EtcdBackend(Backend):
         lost = [g for g in self._grants.values() if g.data.lease == lease]
         for grant in lost:
             del self._grants[grant.data.key]
+            grant.data.stop()
         if lost and self._on_lost is not None:
             self._on_lost(lost, reason)
         for place in self._places.values():
@@ -197,8 +212,15 @@ class EtcdBackend(Backend):
         sent = monotonic()
         client = session.io
         assert client.kv is not None
+        # NOTE: a cancelled call may still reach the server after a clean-up sent later on
+        # another stream: the call runs on, and abandon() awaits it before deleting.
+        call = asyncio.ensure_future(
+            client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
+        )
+        self._calls[request.name, request.owner] = call
         with self._lease_errors(lease, "acquire"):
-            reply = await client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
+            reply = await asyncio.shield(call)
+        del self._calls[request.name, request.owner]
         ops = [r.response_range for r in reply.responses]
         if reply.succeeded:
             ops = ops[1:]  # (the put's answer)
@@ -211,8 +233,13 @@ class EtcdBackend(Backend):
             if place is not None:
                 self._places.pop((request.name, request.owner), None)
                 place.stop()
-            grant = Grant(request.name, request.owner, revision, None, Held(key, revision, lease))
+            held = Held(key, revision, lease)
+            grant = Grant(request.name, request.owner, revision, None, held)
             self._grants[key] = grant
+            # A short hold needs no watch of its own (most end before it would be made).
+            held.watch = asyncio.get_running_loop().call_later(
+                OWN_WATCH_DELAY, self._watch_own, grant, reply.header.revision
+            )
             return grant
         if not will_wait:
             return Busy(None)
@@ -230,6 +257,39 @@ class EtcdBackend(Backend):
         else:
             place.arm(client, ahead, reply.header.revision, sent)
         return Busy(None)
+
+    def _watch_own(self, grant: Grant, revision: int) -> None:
+        held: Held = grant.data
+        if self._grants.get(held.key) is grant and self.session is not None:
+            held.watch = asyncio.get_running_loop().create_task(
+                self._own(grant, revision), name="aiodlock:etcd-own-watch"
+            )
+
+    async def _own(self, grant: Grant, revision: int) -> None:
+        """Report the loss of a held key deleted by someone else (not by its lease's end:
+        the session reports that)."""
+        held: Held = grant.data
+        session = self._io
+        while True:
+            if not await deleted(session.io, held.key, revision + 1):
+                try:
+                    async with asyncio.timeout(self.config.op_timeout):
+                        with session.translate("watch"):
+                            kv = session.io.kv
+                            assert kv is not None
+                            reply = await kv.get(held.key)
+                except (BackendError, TimeoutError):
+                    await asyncio.sleep(self.config.op_timeout / 10)
+                    continue  # (a failing server: the lease's own deadline decides)
+                if reply.kvs and reply.kvs[0].create_revision == held.revision:
+                    revision = reply.header.revision
+                    continue
+            if self._grants.get(held.key) is grant and held.lease == session.lease:
+                del self._grants[held.key]
+                held.watch = None
+                if self._on_lost is not None:
+                    self._on_lost([grant], "the lock key was deleted by someone else")
+            return
 
     async def _before(self, prefix: bytes, revision: int, at: int) -> bytes | None:
         """The newest key of the line created before ``revision``, read at revision ``at``."""
@@ -266,6 +326,7 @@ class EtcdBackend(Backend):
     async def release(self, grant: Grant) -> bool:
         held: Held = grant.data
         self._grants.pop(held.key, None)
+        held.stop()
         return bool(await self._delete(held.key, held.revision, "release"))
 
     async def _delete(self, key: bytes, revision: int, what: str) -> bool:
@@ -287,6 +348,10 @@ class EtcdBackend(Backend):
 
     async def abandon(self, request: Request) -> None:
         place = self._places.pop((request.name, request.owner), None)
+        call = self._calls.pop((request.name, request.owner), None)
+        if call is not None:  # an attempt cut short: its put must not land after the delete
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(call), self.config.op_timeout)
         session = self.session
         if session is None or session.closed:
             return
