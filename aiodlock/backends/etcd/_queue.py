@@ -94,8 +94,9 @@ class PlaceWaiter(Waiter):
 
     def __init__(self, place: Place) -> None:
         self.place = place
-        # A watch armed by the first attempt replays every deletion since that attempt's read.
-        self.listening_since = place.sent
+        # A watch armed by the first attempt replays every deletion since that attempt's read,
+        # and the read saw every one before it: no release since the attempt goes unheard.
+        self.listening_since = None if place.sent is None else 0.0
 
     async def wait(self, timeout: float | None) -> bool:
         event = self.place.event

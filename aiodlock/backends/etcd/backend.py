@@ -51,6 +51,12 @@ _cmp_create = KVService.txn_compare_create_revision
 _put, _get, _delete = KVService.txn_op_put, KVService.txn_op_get, KVService.txn_op_delete
 
 
+class LeaseGone(BackendError):
+    """The server no longer knows the lease an attempt put its key with."""
+
+    transient = True
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class Held:
     """A grant's ``data``: the key, its create_revision (the token), its lease, and the
@@ -190,6 +196,12 @@ class EtcdBackend(Backend):
     # -- acquiring -------------------------------------------------------------------------------
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        try:
+            return await self._attempt(request, will_wait)
+        except LeaseGone:  # found out by this attempt: the next one puts on a fresh lease
+            return await self._attempt(request, will_wait)
+
+    async def _attempt(self, request: Request, will_wait: bool) -> Grant | Busy:
         session = self._io
         place = self._places.get((request.name, request.owner))
         lease = await session.current()
@@ -316,10 +328,10 @@ class EtcdBackend(Backend):
             with session.translate(what):
                 yield
         except BackendError as error:
-            if rpc_code(error) == grpc.StatusCode.NOT_FOUND or "lease not found" in str(error):
-                session.lose(lease, "the server no longer knows the lease (revoked or expired)")
-                error.transient = True
-            raise
+            if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
+                raise
+            session.lose(lease, "the server no longer knows the lease (revoked or expired)")
+            raise LeaseGone(str(error)) from error.__cause__
 
     # -- releasing -------------------------------------------------------------------------------
 
