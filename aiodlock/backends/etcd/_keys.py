@@ -1,7 +1,8 @@
-"""The key layout: ``/{namespace}/locks/{escaped name}/{lease hex}/{escaped owner}``.
+"""The key layout: ``/{namespace}/locks/{escaped name}/{lease hex}/{escaped owner}/{nonce}``.
 
 etcd's concurrency Mutex names a waiter's key by its session's lease alone; here one client's
-lease carries every owner (task) of the client, so the owner completes the key.  Escaping is
+lease carries every owner (task) of the client, so the owner completes the key, and a nonce
+per acquisition keeps a late clean-up of one acquisition off the next one's key.  Escaping is
 injective and keeps ``/`` out of a segment, so one lock's prefix never holds another's keys.
 """
 
@@ -33,6 +34,6 @@ class Keys:
         """Every key of the lock ``name`` (its holder and its waiters) starts with this."""
         return f"{self.locks}{escape(name)}/".encode()
 
-    def key(self, name: str, lease: int, owner: str) -> bytes:
-        """The key of ``owner``'s attempt on ``name`` under ``lease``."""
-        return f"{self.locks}{escape(name)}/{lease:x}/{escape(owner)}".encode()
+    def key(self, name: str, lease: int, owner: str, nonce: str) -> bytes:
+        """The key of ``owner``'s acquisition ``nonce`` of ``name`` under ``lease``."""
+        return f"{self.locks}{escape(name)}/{lease:x}/{escape(owner)}/{nonce}".encode()

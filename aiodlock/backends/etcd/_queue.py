@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import secrets
+from typing import Any
 
 from etcd3aio import Etcd3Client, WatchFilter
 
@@ -45,6 +47,9 @@ class Place:
     or abandoned."""
 
     request: Request
+    #: This acquisition's own part of the key: a clean-up left to the background after a
+    #: lost reply can never delete a later acquisition's key by the same owner.
+    nonce: str = dataclasses.field(default_factory=lambda: secrets.token_hex(4))
     key: bytes = b""
     lease: int = 0
     revision: int = 0  # the key's create_revision (0: not known)
@@ -53,6 +58,7 @@ class Place:
     event: Wakeup = dataclasses.field(default_factory=Wakeup)
     ahead: bytes | None = None  # the key watched (the newest one older than ours)
     watch: asyncio.Task[None] | None = None
+    call: asyncio.Future[Any] | None = None  # the attempt's transaction, until answered
 
     def forget(self) -> None:
         """Our key is gone (with its lease): the next attempt makes a new one."""

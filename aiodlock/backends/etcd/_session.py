@@ -123,8 +123,16 @@ class Session:
         if client is None:
             return
         if lease and client.lease is not None:
-            with contextlib.suppress(Exception):
-                await client.lease.revoke(lease, timeout=self.config.op_timeout)
+            # (a task of its own: grpc ends a call past its deadline as "cancelled", which
+            # must not look like the cancellation of close())
+            revoke = asyncio.ensure_future(
+                client.lease.revoke(lease, timeout=self.config.op_timeout)
+            )
+            revoke.add_done_callback(_ignore)
+            try:
+                await asyncio.wait([revoke], timeout=self.config.op_timeout * 2)
+            finally:
+                revoke.cancel()
         if self._refresher is not None:
             with contextlib.suppress(Exception):
                 await self._refresher.__aexit__(None, None, None)
@@ -218,6 +226,11 @@ class Session:
         except BackendError as error:
             if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
                 raise
+
+
+def _ignore(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _is_ip(host: str) -> bool:

@@ -38,6 +38,7 @@ from ..._types import (
     monotonic,
 )
 from ..._url import ParsedURL, format_host, take_str
+from ..._wakeup import Wakeup
 from .._base import Backend
 from ._keys import Keys
 from ._queue import Place, PlaceWaiter, deleted
@@ -126,8 +127,6 @@ class EtcdBackend(Backend):
         self._cleanup: Guaranteed | None = None
         self._places: dict[tuple[str, str], Place] = {}
         self._grants: dict[bytes, Grant] = {}
-        #: (name, owner) -> its attempt's transaction, until answered (see abandon()).
-        self._calls: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -203,16 +202,20 @@ class EtcdBackend(Backend):
 
     async def _attempt(self, request: Request, will_wait: bool) -> Grant | Busy:
         session = self._io
-        place = self._places.get((request.name, request.owner))
+        ident = (request.name, request.owner)
+        place = self._places.get(ident)
+        if place is None:
+            place = self._places[ident] = Place(request)
         lease = await session.current()
-        if place is not None:
-            place.event = type(place.event)()  # what this read sees needs no wake-up
-            if place.lease and place.lease != lease:
-                place.forget()  # its key went with its lease
-        key = self.keys.key(request.name, lease, request.owner)
+        place.event = Wakeup()  # what this read sees needs no wake-up
+        if place.lease and place.lease != lease:
+            place.forget()  # its key went with its lease
+        key = self.keys.key(request.name, lease, request.owner, place.nonce)
+        if place.key != key:
+            place.key, place.lease, place.revision = key, lease, 0
+        known = place.revision
         prefix = self.keys.prefix(request.name)
         put = _put(key, request.owner, lease=lease)
-        known = place.revision if place is not None and place.key == key else 0
         if will_wait:
             compare = [_cmp_create(key, 0)]
             success = [put, _get(key), _range(prefix), _range(prefix, newest=True, limit=2)]
@@ -226,25 +229,24 @@ class EtcdBackend(Backend):
         assert client.kv is not None
         # NOTE: a cancelled call may still reach the server after a clean-up sent later on
         # another stream: the call runs on, and abandon() awaits it before deleting.
-        call = asyncio.ensure_future(
+        call = place.call = asyncio.ensure_future(
             client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
         )
-        self._calls[request.name, request.owner] = call
         with self._lease_errors(lease, "acquire"):
             reply = await asyncio.shield(call)
-        del self._calls[request.name, request.owner]
+        place.call = None
         ops = [r.response_range for r in reply.responses]
         if reply.succeeded:
             ops = ops[1:]  # (the put's answer)
         mine = ops[0].kvs
         if not mine:
+            del self._places[ident]
             return Busy(None)  # a try-lock on a taken lock: nothing was put
-        revision = mine[0].create_revision
+        revision = place.revision = mine[0].create_revision
         oldest = ops[1].kvs
         if oldest and oldest[0].key == key:
-            if place is not None:
-                self._places.pop((request.name, request.owner), None)
-                place.stop()
+            del self._places[ident]
+            place.stop()
             held = Held(key, revision, lease)
             grant = Grant(request.name, request.owner, revision, None, held)
             self._grants[key] = grant
@@ -253,12 +255,11 @@ class EtcdBackend(Backend):
                 OWN_WATCH_DELAY, self._watch_own, grant, reply.header.revision
             )
             return grant
-        if not will_wait:
+        if not will_wait:  # (a key of an earlier, unanswered try of this acquire)
+            del self._places[ident]
+            await self._delete(key, revision, "acquire")
             return Busy(None)
-        if place is None:
-            place = self._places[(request.name, request.owner)] = Place(request)
         request.queued = True
-        place.key, place.lease, place.revision = key, lease, revision
         trusted = reply.succeeded or known == revision
         ahead = next((bytes(kv.key) for kv in ops[2].kvs if kv.key != key), None)
         if ahead is None or not trusted:
@@ -360,22 +361,17 @@ class EtcdBackend(Backend):
 
     async def abandon(self, request: Request) -> None:
         place = self._places.pop((request.name, request.owner), None)
-        call = self._calls.pop((request.name, request.owner), None)
-        if call is not None:  # an attempt cut short: its put must not land after the delete
+        if place is None:
+            return  # nothing was sent
+        place.stop()
+        if place.call is not None:  # an attempt cut short: its put must not land later
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(call), self.config.op_timeout)
+                await asyncio.wait_for(asyncio.shield(place.call), self.config.op_timeout)
         session = self.session
-        if session is None or session.closed:
-            return
-        keys: dict[bytes, int] = {}
-        if place is not None:
-            place.stop()
-            if place.key:
-                keys[place.key] = place.revision
-        if session.lease:  # a key whose create was answered too late to be known
-            keys.setdefault(self.keys.key(request.name, session.lease, request.owner), 0)
-        for key, revision in keys.items():
-            await self._delete(key, revision, "abandon")
+        if session is not None and not session.closed and place.key:
+            # (the key is this acquisition's own: deleting it unconditionally, later if
+            # need be, can never touch another acquisition's key)
+            await self._delete(place.key, place.revision, "abandon")
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """(only ``extend()``: the lease is kept alive by the session) Is each key still ours?"""

@@ -27,7 +27,9 @@ async def test_key_layout_lease_and_create_revision_token(
     async with client.lock("orders:42") as lease:
         assert backend.session is not None
         [key] = await keys(raw, prefix)
-        assert key == backend.keys.key("orders:42", backend.session.lease, lease.owner)
+        nonce = key.rpartition(b"/")[2].decode()
+        assert len(nonce) == 8  # one per acquisition
+        assert key == backend.keys.key("orders:42", backend.session.lease, lease.owner, nonce)
         assert key.startswith(f"/{client.config.namespace}/locks/orders:42/".encode())
         assert raw.kv is not None
         [kv] = (await raw.kv.get(key)).kvs
