@@ -74,6 +74,7 @@ class Session:
         tls: dict[str, bytes | None] | None,
         credentials: tuple[str, str] | None,
         on_lost: LeaseLost,
+        on_back: Callable[[], None],
     ) -> None:
         self.hosts = hosts
         self.config = config
@@ -82,6 +83,7 @@ class Session:
         self._credentials = credentials
         self._secrets = (credentials[1],) if credentials else ()
         self._on_lost = on_lost
+        self._on_back = on_back
         self.client: Etcd3Client | None = None
         self._refresher: TokenRefresher | None = None
         #: The lease in force (0: none yet, or the last one was lost) and its grant on its way.
@@ -174,6 +176,7 @@ class Session:
     async def _keep_alive(self, lease_id: int, deadline: float) -> None:
         """Refresh the lease every third of its TTL; lose it when the deadline passes."""
         due = monotonic() + self.ttl / 3
+        failing = False
         while True:
             await asyncio.sleep(max(0.0, min(due, deadline) - monotonic()))
             sent = monotonic()
@@ -186,7 +189,11 @@ class Session:
             except (TimeoutError, EtcdError, grpc.aio.AioRpcError, OSError) as exc:
                 log.debug("etcd: keep-alive of lease %x failed: %r", lease_id, exc)
                 due = monotonic() + min(self.ttl * RETRY_SHARE, 0.5)
+                failing = True
                 continue
+            if failing:
+                failing = False
+                self._on_back()  # (the clean-ups left to the background can go on now)
             if ttl <= 0:
                 self.lose(lease_id, "the lease was revoked or had expired on the server")
                 return

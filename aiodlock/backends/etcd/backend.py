@@ -154,6 +154,7 @@ class EtcdBackend(Backend):
             tls=self._tls,
             credentials=self._credentials,
             on_lost=self._lease_lost,
+            on_back=self._cleanup.kick,
         )
         try:
             await self.session.start()

@@ -131,7 +131,10 @@ async def test_paused_member_times_out_and_the_holder_loses_its_lease(
             lease = await other.lock("paused").try_acquire()
         except aiodlock.BackendError:
             return False
-        assert lease is not None  # the old holder's lease is gone: nobody holds it
+        if lease is None:
+            # (the timed-out attempt's put may land as the member resumes: its clean-up
+            # deletes it once the member answers again)
+            return False
         await other.lock("paused").release()
         return True
 
