@@ -16,7 +16,9 @@ import contextlib
 import logging
 import math
 import socket
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,7 +31,7 @@ from etcd3aio import (
     TokenRefresher,
 )
 
-from ..._errors import BackendError, translating
+from ..._errors import BackendError, ConfigurationError, translating
 from ..._types import CommonConfig, monotonic
 
 log = logging.getLogger("aiodlock.etcd")
@@ -261,3 +263,26 @@ async def _resolve(host: str, port: int) -> str:
         error.transient = True
         raise error from exc
     return f"{infos[0][4][0]}:{port}"
+
+
+def tls_options(files: dict[str, str | None]) -> dict[str, bytes | None]:
+    """etcd3aio's TLS arguments from the ``ssl_*`` file options (the system's CAs by default)."""
+    ca = files["ssl_ca_certs"] or ssl.get_default_verify_paths().cafile
+    if not ca:
+        raise ConfigurationError("etcds:// needs ssl_ca_certs (no system CA bundle was found)")
+    if bool(files["ssl_certfile"]) != bool(files["ssl_keyfile"]):
+        raise ConfigurationError("ssl_certfile and ssl_keyfile go together (client certificate)")
+
+    def read(name: str, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(f"option {name!r}: cannot read {path!r}: {exc}") from exc
+
+    return {
+        "ca_cert": read("ssl_ca_certs", ca),
+        "cert_chain": read("ssl_certfile", files["ssl_certfile"]),
+        "cert_key": read("ssl_keyfile", files["ssl_keyfile"]),
+    }

@@ -1,28 +1,24 @@
 """``etcd://h1:2379,h2:2379`` (``etcds://``: TLS): the protocol of etcd's concurrency Mutex.
 
 One lease per client (:mod:`._session`).  An attempt is ONE transaction: if my key
-``/{namespace}/locks/{name}/{lease hex}/{owner}`` has create_revision 0, put it with the
-lease; either way read the oldest key of the lock's prefix (and the newest one older than
-mine).  The lock is held when the oldest key is mine; a waiter watches the key just ahead
-for its DELETE (:mod:`._queue`) and asks again.  Release deletes my key only while its
-create_revision is the one granted.  The token is that create_revision.
+(:mod:`._keys`) has create_revision 0, put it with the lease; either way read the oldest key
+of the lock's prefix (and the newest one older than mine).  The lock is held when the
+oldest key is mine; a waiter watches the key just ahead for its DELETE (:mod:`._queue`) and
+asks again.  Release deletes my key only while its create_revision is the one granted.  The
+token is that create_revision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import ssl
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
 import grpc
-from etcd3aio import SortOrder, SortTarget, prefix_range_end
-from etcd3aio.kv import KVService
+from etcd3aio import prefix_range_end
 
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import Guaranteed
@@ -42,49 +38,15 @@ from ..._wakeup import Wakeup
 from .._base import Backend
 from ._keys import Keys
 from ._queue import Place, PlaceWaiter, deleted
-from ._session import Session, rpc_code
+from ._session import Session, rpc_code, tls_options
+from ._txn import Held, LeaseGone, cmp_create, delete_op, get_op, line, put_op, retrieved
 
 DEFAULT_PORT = 2379
 #: Seconds after a grant when the holder's watch on its own key is made.
 OWN_WATCH_DELAY = 0.05
+#: How often the holder's watch is made again after it ended without telling.
+OWN_WATCH_TRIES = 3
 SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
-_cmp_create = KVService.txn_compare_create_revision
-_put, _get, _delete = KVService.txn_op_put, KVService.txn_op_get, KVService.txn_op_delete
-
-
-class LeaseGone(BackendError):
-    """The server no longer knows the lease an attempt put its key with."""
-
-    transient = True
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Held:
-    """A grant's ``data``: the key, its create_revision (the token), its lease, and the
-    watch that reports the key's deletion by someone else (a force_release)."""
-
-    key: bytes
-    revision: int
-    lease: int
-    watch: asyncio.TimerHandle | asyncio.Task[None] | None = None
-
-    def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
-
-
-def _range(prefix: bytes, *, newest: bool = False, limit: int = 1, below: int = 0) -> Any:
-    """A txn range op over the lock's keys, by create_revision (oldest first, or newest)."""
-    op = _get(prefix, range_end=prefix_range_end(prefix))
-    r = op.request_range
-    r.limit = limit
-    r.sort_target = int(SortTarget.CREATE)
-    r.sort_order = int(SortOrder.DESCEND if newest else SortOrder.ASCEND)
-    r.keys_only = True
-    if below > 0:
-        r.max_create_revision = below
-    return op
 
 
 class EtcdBackend(Backend):
@@ -118,7 +80,7 @@ class EtcdBackend(Backend):
             )
         self._credentials = None if password is None else (str(self.username), password)
         files = {name: take_str(options, name, None) for name in SSL_FILES}
-        self._tls = _tls(files) if url.scheme == "etcds" else None
+        self._tls = tls_options(files) if url.scheme == "etcds" else None
         if url.scheme == "etcd" and any(files.values()):
             raise ConfigurationError("ssl_* options need the etcds:// scheme")
         self.keys = Keys(config.namespace)
@@ -216,15 +178,15 @@ class EtcdBackend(Backend):
             place.key, place.lease, place.revision = key, lease, 0
         known = place.revision
         prefix = self.keys.prefix(request.name)
-        put = _put(key, request.owner, lease=lease)
+        put = put_op(key, request.owner, lease=lease)
         if will_wait:
-            compare = [_cmp_create(key, 0)]
-            success = [put, _get(key), _range(prefix), _range(prefix, newest=True, limit=2)]
-            failure = [_get(key), _range(prefix), _range(prefix, newest=True, below=known - 1)]
+            compare = [cmp_create(key, 0)]
+            success = [put, get_op(key), line(prefix), line(prefix, newest=True, limit=2)]
+            failure = [get_op(key), line(prefix), line(prefix, newest=True, below=known - 1)]
         else:  # a try-lock puts its key only into an empty line
-            compare = [_cmp_create(prefix, 0, range_end=prefix_range_end(prefix))]
-            success = [put, _get(key), _range(prefix)]
-            failure = [_get(key), _range(prefix)]
+            compare = [cmp_create(prefix, 0, range_end=prefix_range_end(prefix))]
+            success = [put, get_op(key), line(prefix)]
+            failure = [get_op(key), line(prefix)]
         sent = monotonic()
         client = session.io
         assert client.kv is not None
@@ -233,6 +195,7 @@ class EtcdBackend(Backend):
         call = place.call = asyncio.ensure_future(
             client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
         )
+        call.add_done_callback(retrieved)
         with self._lease_errors(lease, "acquire"):
             reply = await asyncio.shield(call)
         place.call = None
@@ -280,34 +243,34 @@ class EtcdBackend(Backend):
             )
 
     async def _own(self, grant: Grant, revision: int) -> None:
-        """Report the loss of a held key deleted by someone else (not by its lease's end:
-        the session reports that)."""
+        """Report the loss of a held key deleted by someone else."""
         held: Held = grant.data
         session = self._io
-        while True:
-            if not await deleted(session.io, held.key, revision + 1):
-                try:
-                    async with asyncio.timeout(self.config.op_timeout):
-                        with session.translate("watch"):
-                            kv = session.io.kv
-                            assert kv is not None
-                            reply = await kv.get(held.key)
-                except (BackendError, TimeoutError):
-                    await asyncio.sleep(self.config.op_timeout / 10)
-                    continue  # (a failing server: the lease's own deadline decides)
-                if reply.kvs and reply.kvs[0].create_revision == held.revision:
-                    revision = reply.header.revision
-                    continue
-            if self._grants.get(held.key) is grant and held.lease == session.lease:
-                del self._grants[held.key]
-                held.watch = None
-                if self._on_lost is not None:
-                    self._on_lost([grant], "the lock key was deleted by someone else")
-            return
+        for _ in range(OWN_WATCH_TRIES):
+            if await deleted(session.io, held.key, revision + 1):
+                break
+            # The watch could not tell (compacted past its start, refused, failed): look.
+            try:
+                with session.translate("watch"):
+                    kv = session.io.kv
+                    assert kv is not None
+                    reply = await kv.get(held.key, timeout=self.config.op_timeout)
+            except BackendError:
+                return  # (a failing server: the lease's deadline decides, the release checks)
+            if not reply.kvs or reply.kvs[0].create_revision != held.revision:
+                break
+            revision = reply.header.revision
+        else:
+            return  # (the release finds out)
+        if self._grants.get(held.key) is grant and held.lease == session.lease:
+            del self._grants[held.key]
+            held.watch = None
+            if self._on_lost is not None:
+                self._on_lost([grant], "the lock key was deleted by someone else")
 
     async def _before(self, prefix: bytes, revision: int, at: int) -> bytes | None:
         """The newest key of the line created before ``revision``, read at revision ``at``."""
-        op = _range(prefix, newest=True, below=revision - 1)
+        op = line(prefix, newest=True, below=revision - 1)
         op.request_range.revision = at
         client = self._io.io
         assert client.kv is not None
@@ -352,9 +315,11 @@ class EtcdBackend(Backend):
         async def delete() -> bool:
             client = session.io
             assert client.kv is not None
-            compare = [_cmp_create(key, revision)] if revision else []
+            compare = [cmp_create(key, revision)] if revision else []
             with session.translate(what):
-                reply = await client.kv.txn(compare, [_delete(key)], timeout=self.config.op_timeout)
+                reply = await client.kv.txn(
+                    compare, [delete_op(key)], timeout=self.config.op_timeout
+                )
             return bool(reply.succeeded and reply.responses[0].response_delete_range.deleted)
 
         until = monotonic() + self.config.op_timeout
@@ -363,7 +328,12 @@ class EtcdBackend(Backend):
     async def abandon(self, request: Request) -> None:
         place = self._places.pop((request.name, request.owner), None)
         if place is None:
-            return  # nothing was sent
+            # Nothing in flight; a grant the core did not take (the client closed as the
+            # answer came) is released.
+            for grant in list(self._grants.values()):
+                if (grant.name, grant.owner) == (request.name, request.owner):
+                    await self.release(grant)
+            return
         place.stop()
         if place.call is not None:  # an attempt cut short: its put must not land later
             with contextlib.suppress(BaseException):
@@ -382,7 +352,7 @@ class EtcdBackend(Backend):
         assert client.kv is not None
         with session.translate("renew"):
             reply = await client.kv.txn(
-                [], [_get(g.data.key) for g in grants], timeout=self.config.op_timeout
+                [], [get_op(g.data.key) for g in grants], timeout=self.config.op_timeout
             )
         results: list[float | None] = []
         for grant, answer in zip(grants, reply.responses, strict=True):
@@ -397,9 +367,9 @@ class EtcdBackend(Backend):
     async def _line(self, name: str) -> tuple[Any, int]:
         """The holder's key-value (or None) and how many keys the line has."""
         prefix = self.keys.prefix(name)
-        head = _range(prefix)
+        head = line(prefix)
         head.request_range.keys_only = False
-        count = _get(prefix, range_end=prefix_range_end(prefix))
+        count = get_op(prefix, range_end=prefix_range_end(prefix))
         count.request_range.count_only = True
         session = self._io
         client = session.io
@@ -427,26 +397,3 @@ class EtcdBackend(Backend):
         if holder is None:
             return False
         return await self._delete(bytes(holder.key), holder.create_revision, "force_release")
-
-
-def _tls(files: dict[str, str | None]) -> dict[str, bytes | None]:
-    """etcd3aio's TLS arguments from the ``ssl_*`` file options (the system's CAs by default)."""
-    ca = files["ssl_ca_certs"] or ssl.get_default_verify_paths().cafile
-    if not ca:
-        raise ConfigurationError("etcds:// needs ssl_ca_certs (no system CA bundle was found)")
-    if bool(files["ssl_certfile"]) != bool(files["ssl_keyfile"]):
-        raise ConfigurationError("ssl_certfile and ssl_keyfile go together (client certificate)")
-
-    def read(name: str, path: str | None) -> bytes | None:
-        if path is None:
-            return None
-        try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigurationError(f"option {name!r}: cannot read {path!r}: {exc}") from exc
-
-    return {
-        "ca_cert": read("ssl_ca_certs", ca),
-        "cert_chain": read("ssl_certfile", files["ssl_certfile"]),
-        "cert_key": read("ssl_keyfile", files["ssl_keyfile"]),
-    }
