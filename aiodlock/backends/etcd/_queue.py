@@ -21,17 +21,28 @@ log = logging.getLogger("aiodlock.etcd")
 _DELETE = 1  # mvccpb.Event.DELETE
 
 
-async def deleted(client: Etcd3Client, key: bytes, start: int) -> bool:
-    """Return once ``key`` is deleted at or after revision ``start`` (True), or once the
-    watch cannot tell (False: compacted past ``start``, cancelled by the server, failed)."""
-    watch = client.watch
-    if watch is None:
+async def deleted(client: Etcd3Client, key: bytes, seen: int, timeout: float) -> bool:
+    """Return once ``key`` is deleted after revision ``seen`` (True), or once the watch
+    cannot tell (False: compacted, cancelled by the server, failed).
+
+    The watch starts at the current revision, not at ``seen + 1``: etcd serves a watch that
+    starts in the past from a loop that catches up every 100 ms (a hand-off waited up to
+    that long), a watch from now at once.  What happened between ``seen`` and the watch's
+    creation is read instead: if the server had moved on, one look at the key tells
+    whether it is already gone (a key is never made again: its name has a nonce)."""
+    watch, kv = client.watch, client.kv
+    if watch is None or kv is None:
         return False
     try:
-        stream = watch.watch(key, start_revision=start, filters=[WatchFilter.NOPUT])
-        async for reply in stream:
+        async for reply in watch.watch(key, filters=[WatchFilter.NOPUT]):
             if reply.compact_revision > 0 or reply.canceled:
                 return False  # (etcd3aio would jump past the compaction: read again)
+            if reply.created:
+                if reply.header.revision > seen:
+                    found = await kv.get(key, keys_only=True, timeout=timeout)
+                    if not found.kvs:
+                        return True
+                continue
             if any(event.type == _DELETE for event in reply.events):
                 return True
     except asyncio.CancelledError:
@@ -72,19 +83,21 @@ class Place:
         self.ahead = None
         self.sent = None
 
-    def arm(self, client: Etcd3Client, ahead: bytes, revision: int, sent: float) -> None:
+    def arm(
+        self, client: Etcd3Client, ahead: bytes, revision: int, sent: float, timeout: float
+    ) -> None:
         """Watch ``ahead`` for its deletion after ``revision`` (kept if it is watched already)."""
         if self.ahead == ahead and self.watch is not None and not self.watch.done():
             return
         self.stop()
         self.ahead, self.sent = ahead, sent
         self.watch = asyncio.get_running_loop().create_task(
-            self._watch(client, ahead, revision + 1), name="aiodlock:etcd-watch"
+            self._watch(client, ahead, revision, timeout), name="aiodlock:etcd-watch"
         )
 
-    async def _watch(self, client: Etcd3Client, key: bytes, start: int) -> None:
+    async def _watch(self, client: Etcd3Client, key: bytes, seen: int, timeout: float) -> None:
         try:
-            await deleted(client, key, start)
+            await deleted(client, key, seen, timeout)
         finally:
             if self.watch is asyncio.current_task():
                 self.watch = None

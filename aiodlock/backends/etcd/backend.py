@@ -232,7 +232,7 @@ class EtcdBackend(Backend):
         if ahead is None:
             place.event.set()  # (nothing older is left at that revision: ask again)
         else:
-            place.arm(client, ahead, reply.header.revision, sent)
+            place.arm(client, ahead, reply.header.revision, sent, self.config.op_timeout)
         return Busy(None)
 
     def _watch_own(self, grant: Grant, revision: int) -> None:
@@ -247,7 +247,7 @@ class EtcdBackend(Backend):
         held: Held = grant.data
         session = self._io
         for _ in range(OWN_WATCH_TRIES):
-            if await deleted(session.io, held.key, revision + 1):
+            if await deleted(session.io, held.key, revision, self.config.op_timeout):
                 break
             # The watch could not tell (compacted past its start, refused, failed): look.
             try:
