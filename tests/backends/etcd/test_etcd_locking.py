@@ -217,3 +217,45 @@ async def test_configuration_errors() -> None:
     client = aiodlock.connect("etcd://alice:s3cret@127.0.0.1:1")
     assert "s3cret" not in repr(client)
     assert "alice:***@" in repr(client)
+
+
+async def test_compaction_while_a_waiter_waits(
+    make_client: ClientFactory, raw: Etcd3Client
+) -> None:
+    a = await make_client()
+    b = await make_client()
+    await a.lock("compact").acquire()
+    waiter = asyncio.create_task(b.lock("compact").acquire(timeout=HANG))
+    await eventually(lambda: _waiting(a, "compact", 1))
+    assert raw.kv is not None
+    for i in range(5):  # history to compact away
+        await raw.kv.put(f"/{a.config.namespace}/noise", str(i))
+    revision = (await raw.kv.get("/")).header.revision
+    await raw.kv.compact(revision, physical=True)
+    await a.lock("compact").release()
+    lease = await asyncio.wait_for(waiter, HANG)
+    assert lease.token > 0
+
+
+async def test_a_waiter_whose_lease_was_revoked_queues_again(
+    make_client: ClientFactory, raw: Etcd3Client
+) -> None:
+    a = await make_client()
+    b = await make_client(watchdog_ttl=1)  # (its keep-alive finds the revocation in 1/3 s)
+    backend = backend_of(b)
+    prefix = backend.keys.prefix("requeue")
+    await a.lock("requeue").acquire()
+    waiter = asyncio.create_task(b.lock("requeue").acquire(timeout=HANG))
+    await eventually(lambda: _waiting(a, "requeue", 1))
+    assert backend.session is not None
+    assert raw.lease is not None
+    old = backend.session.lease
+    await raw.lease.revoke(old)  # its key goes: the waiter must not take that for its turn
+    await eventually(lambda: backend.session is not None and backend.session.lease not in (0, old))
+    await eventually(lambda: _waiting(a, "requeue", 1), what="queued again on the new lease")
+    assert not waiter.done()
+    await a.lock("requeue").release()
+    lease = await asyncio.wait_for(waiter, HANG)
+    [key] = await keys(raw, prefix)
+    assert key.startswith(prefix + f"{backend.session.lease:x}/".encode())
+    assert lease.token > 0
