@@ -1,7 +1,7 @@
 """One owner's place in a lock's line, and its wake-up: a watch on the DELETE of the key just
-ahead of its own (etcd's ``waitDeletes``), from the revision of the read that found it, so no
-deletion between the read and the watch is missed.  A compaction that overtook the watch, a
-watch that ends or fails: the waiter is woken and reads the line again."""
+ahead of its own (etcd's ``waitDeletes``); no deletion after the read that found it is missed
+(see :func:`deleted`).  A compaction that overtook the watch, a watch that ends or fails:
+the waiter is woken and reads the line again."""
 
 from __future__ import annotations
 
