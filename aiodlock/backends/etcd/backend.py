@@ -224,15 +224,15 @@ class EtcdBackend(Backend):
             await self._delete(key, revision, "acquire")
             return Busy(None)
         request.queued = True
-        trusted = reply.succeeded or known == revision
+        seen = reply.header.revision
         ahead = next((bytes(kv.key) for kv in ops[2].kvs if kv.key != key), None)
-        if ahead is None or not trusted:
+        if ahead is None or not (reply.succeeded or known == revision):
             with self._lease_errors(lease, "acquire"):
-                ahead = await self._before(prefix, revision, reply.header.revision)
+                ahead, seen = await self._before(prefix, revision)
         if ahead is None:
-            place.event.set()  # (nothing older is left at that revision: ask again)
+            place.event.set()  # (nothing older is left: ask again)
         else:
-            place.arm(client, ahead, reply.header.revision, sent, self.config.op_timeout)
+            place.arm(client, ahead, seen, sent, self.config.op_timeout)
         return Busy(None)
 
     def _watch_own(self, grant: Grant, revision: int) -> None:
@@ -268,15 +268,15 @@ class EtcdBackend(Backend):
             if self._on_lost is not None:
                 self._on_lost([grant], "the lock key was deleted by someone else")
 
-    async def _before(self, prefix: bytes, revision: int, at: int) -> bytes | None:
-        """The newest key of the line created before ``revision``, read at revision ``at``."""
-        op = line(prefix, newest=True, below=revision - 1)
-        op.request_range.revision = at
+    async def _before(self, prefix: bytes, revision: int) -> tuple[bytes | None, int]:
+        """The newest key of the line created before ``revision`` now, and the revision read
+        at (a waiter's watch looks at what changed since)."""
         client = self._io.io
         assert client.kv is not None
+        op = line(prefix, newest=True, below=revision - 1)
         reply = await client.kv.txn([], [op], timeout=self.config.op_timeout)
         kvs = reply.responses[0].response_range.kvs
-        return bytes(kvs[0].key) if kvs else None
+        return (bytes(kvs[0].key) if kvs else None), reply.header.revision
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         key = (request.name, request.owner)
