@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import urllib.request
@@ -63,12 +64,14 @@ async def test_user_and_password(
     server = etcd_factory()
     server.cli("user", "add", "root:r00tpw")
     server.cli("auth", "enable")
-    client = await make_client(f"etcd://root:r00tpw@{server.address}")
+    client = await make_client(f"etcd://root:r00tpw@{server.address}", watchdog_ttl=1)
     other = await make_client(f"etcd://{server.address}", username="root", password="r00tpw")
     async with client.lock("auth") as lease:
         status = await other.status("auth")
         assert status is not None
         assert status.owner == lease.owner
+        await asyncio.sleep(2.5)  # past the lease's TTL: the keep-alives carry the token
+        assert not lease.lost
     wrong = aiodlock.connect(f"etcd://root:wrongpw@{server.address}", connect_timeout=2.0)
     with pytest.raises(aiodlock.BackendError) as caught:
         await wrong.open()
