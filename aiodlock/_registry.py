@@ -30,6 +30,8 @@ BUILTIN: dict[str, str] = {
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "postgresql": "aiodlock.backends.postgres:PostgresBackend",
     "postgres": "aiodlock.backends.postgres:PostgresBackend",
+    "etcd": "aiodlock.backends.etcd:EtcdBackend",
+    "etcds": "aiodlock.backends.etcd:EtcdBackend",
 }
 
 #: The pip extra that brings a scheme's driver (the scheme's own name where it has one).
@@ -39,6 +41,8 @@ EXTRAS: dict[str, str] = {
     "zk": "zookeeper",
     "postgresql": "postgres",
     "postgres": "postgres",
+    "etcd": "etcd",
+    "etcds": "etcd",
 }
 EXTRAS.update(dict.fromkeys([s for s in BUILTIN if s.startswith(("redis", "unix"))], "redis"))
 

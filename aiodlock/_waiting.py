@@ -44,7 +44,7 @@ async def acquire_loop(
     the client's ``local`` waiters while it waits, so that a release by another task of the
     client can hand the lock to it."""
     if deadline is not None and monotonic() >= deadline:
-        if request.fair:
+        if request.fair or request.queued:
             await backend.abandon(request)
         return None
     urgent_at = first_sent + URGENT_AFTER

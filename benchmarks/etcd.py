@@ -1,458 +1,234 @@
-"""etcd benchmarks: aiodlock's ``etcd://`` against aetcd's and python-etcd3's Lock recipes,
-with ``etcdctl lock`` for reference, on a fresh single etcd member on a free loopback port
-(``tests/servers.py``).
+"""etcd benchmarks: aiodlock's ``etcd://`` against aetcd's Lock, on a fresh single member.
 
-Every adapter runs in a worker process of its own (``--worker``), started once and told what
-to run over its stdin: python-etcd3's generated protobuf code needs the pure-Python protobuf
-runtime, which must not slow the others down, and no library's imports or garbage touch
-another's numbers.
+* ``A``: uncontended acquire + release cycles/s of one task (interleaved rounds, median);
+* ``B``: the hand-off gap between two clients (two leases, like two processes) taking turns
+  on one name: from the holder's release call to the next holder's entry, p50 / p99;
+* ``wakeups``: N waiting clients queued on one name take it in turn; the attempts each makes
+  are counted, so wake-ups per hand-off = (attempts - N) / N (1.0: one per release);
+* ``missed``: rounds of that chain with a bound: a waiter still waiting a second after its
+  predecessor released counts as a missed wake-up.
 
-* A: one task, one name, acquire+release cycles, in short slices, one per adapter per round
-  in a rotating order; the ratio to the best peer is taken per round, its median reported.
-* B: 8 tasks of one client contend for one name (:func:`benchmarks.workloads.contention`):
-  the hand-off gap.
-* W (wake-ups): N clients (N leases, like N processes) queue on one name and take turns,
-  ``--w-rounds`` acquisitions each; etcd's own counter of the events it sent to watchers
-  (``etcd_debugging_mvcc_events_total``) gives the wake-ups per hand-off, and the longest
-  hand-off gap shows a missed wake-up (a waiter that slept until a timeout).
+    python -m benchmarks.etcd            # ~1 min, the member's data on /dev/shm
+    python -m benchmarks.etcd --disk     # the member's data on disk (an fsync per write)
+    python -m benchmarks.etcd --quick    # a smoke run
 
-    python -m benchmarks.etcd            # everything (~2 minutes)
-    python -m benchmarks.etcd --quick    # a smoke run (numbers are noise)
-
-aetcd comes with the ``bench`` extra; python-etcd3 pins protobuf 3.6 and grpcio 1.27, which
-would break etcd3aio, so install it by hand: ``pip install --no-deps etcd3 tenacity six``.
-A peer that does not import is skipped.
-
-Writes ``benchmarks/results/<name>.json`` and ``.md`` (name: ``etcd``) and prints the targets
-of issue 13 (PASS/FAIL).  The numbers are in docs/benchmarks.md.
+python-etcd3 (``etcd3``) does not import with protobuf >= 4 and is left out; ``etcdctl
+lock`` (a process per cycle) is measured with ``--etcdctl``.  Prints the targets of issue
+13 (PASS/FAIL).  The numbers are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
-import itertools
-import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from . import workloads
-from .adapters import Adapter, AiodlockAdapter
-from .runner import (
-    RESULTS_DIR,
-    _csv,
-    _loadavg,
-    save_run,
-    settle_side_args,
-    side_report_head,
-    side_rows,
-    target_lines,
-)
-from .server import ROOT, etcd_server, log
+import aiodlock
+from aiodlock.backends.etcd import EtcdBackend
 
-__all__ = ["ADAPTERS", "main"]
+from .server import etcd_server, log
 
 perf = time.perf_counter
-LEASE = 30
-#: A hand-off gap longer than this is a missed wake-up (the waiter slept until a timeout).
-MISSED_AFTER = 1.0
 
 
-def _endpoint(url: str | None) -> tuple[str, int]:
-    assert url is not None
-    host, port = url.split("://", 1)[1].split("/", 1)[0].split(",")[0].rsplit(":", 1)
-    return host, int(port)
+async def _aiodlock_cycles(url: str, seconds: float) -> float:
+    async with aiodlock.connect(url, namespace=f"b{uuid.uuid4().hex[:6]}") as client:
+        lock = client.lock("a")
+        for _ in range(20):
+            async with lock:
+                pass
+        n, started = 0, perf()
+        while perf() - started < seconds:
+            async with lock:
+                pass
+            n += 1
+        return n / (perf() - started)
 
 
-class AiodlockEtcd(AiodlockAdapter):
-    """aiodlock through its public API on ``etcd://``."""
+_AETCD = """
+import asyncio, sys, time, uuid
+import aetcd
 
-    name = "aiodlock"
-    library = "aiodlock (etcd://)"
-    packages = ("aiodlock", "etcd3aio")
-    needs_redis = False
-    supports_fair = True
+async def main(host, port, seconds):
+    async with aetcd.Client(host, int(port)) as client:
+        lock = client.lock(f"bench-{uuid.uuid4().hex[:6]}".encode(), ttl=30)
+        for _ in range(20):
+            await lock.acquire()
+            await lock.release()
+        n, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            await lock.acquire()
+            await lock.release()
+            n += 1
+        print(n / (time.perf_counter() - started))
 
-
-class AetcdLock(Adapter):
-    """aetcd's ``client.lock(key, ttl)``: a lease per acquisition, and every waiter watches
-    the one key (each release wakes them all)."""
-
-    name = "aetcd"
-    library = "aetcd Lock"
-    role = "peer"
-    packages = ("aetcd",)
-    needs_redis = False
-
-    async def open(self) -> None:
-        import aetcd
-
-        host, port = _endpoint(self.url)
-        self.client = aetcd.Client(host=host, port=port)
-        await self.client.connect()
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return self.client.lock(f"/aetcd/{name}".encode(), ttl=LEASE)
-
-    async def acquire(self, lock: Any) -> float | None:
-        await lock.acquire(timeout=None)
-        return None
-
-    async def release(self, lock: Any) -> None:
-        await lock.release()
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    async def abort(self, name: str) -> None:
-        await self.client.delete(f"/aetcd/{name}".encode())
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
 
 
-class Etcd3Lock(Adapter):
-    """python-etcd3's ``client.lock(name, ttl)`` (sync): its calls run in a thread pool."""
-
-    name = "python-etcd3"
-    library = "python-etcd3 Lock (sync, in threads)"
-    role = "peer"
-    packages = ("etcd3",)
-    needs_redis = False
-    #: its generated code needs the pure-Python protobuf runtime (set for its worker only)
-    environment: ClassVar[dict[str, str]] = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
-
-    async def open(self) -> None:
-        import etcd3
-
-        host, port = _endpoint(self.url)
-        self.client = etcd3.client(host=host, port=port)
-        self.pool = concurrent.futures.ThreadPoolExecutor(64)
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return self.client.lock(name, ttl=LEASE)
-
-    async def acquire(self, lock: Any) -> float | None:
-        def take() -> float:
-            lock.acquire(timeout=None)
-            return perf()
-
-        return await asyncio.get_running_loop().run_in_executor(self.pool, take)
-
-    async def release(self, lock: Any) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.pool, lock.release)
-
-    async def close(self) -> None:
-        self.pool.shutdown(wait=False)
-        self.client.close()
-
-
-class EtcdctlLock(Adapter):
-    """``etcdctl lock NAME true``: a process per cycle (for reference; A only)."""
-
-    name = "etcdctl"
-    library = "etcdctl lock (a process per cycle)"
-    role = "peer"
-    needs_redis = False
-    can_wait = False
-
-    async def open(self) -> None:
-        host, port = _endpoint(self.url)
-        self.endpoint = f"http://{host}:{port}"
-
-    def new_lock(self, name: str, fair: bool = False) -> Any:
-        return name
-
-    async def acquire(self, lock: Any) -> float | None:
-        command = ["etcdctl", f"--endpoints={self.endpoint}", "lock", f"etcdctl-{lock}", "true"]
-        proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.DEVNULL)
-        if await proc.wait():
-            raise RuntimeError(f"etcdctl lock exited with {proc.returncode}")
-        return None
-
-    async def release(self, lock: Any) -> None:
-        pass  # (the process released it when `true` ended)
-
-
-ADAPTERS: dict[str, type[Adapter]] = {
-    a.name: a for a in (AiodlockEtcd, AetcdLock, Etcd3Lock, EtcdctlLock)
-}
-
-
-# -- the worker process: one adapter, commands on stdin, one JSON line per answer -------------
-
-
-async def _worker(adapter_name: str, url: str) -> None:
-    loop = asyncio.get_running_loop()
-    adapter = ADAPTERS[adapter_name](url)
-    await adapter.open()
-    print(json.dumps({"ready": True}), flush=True)
-    while line := await loop.run_in_executor(None, sys.stdin.readline):
-        command = json.loads(line)
-        kind = command.pop("kind")
-        if kind == "A":
-            result = await workloads.single(adapter, **command)
-        elif kind == "B":
-            result = await workloads.contention(adapter, **command)
-        else:
-            result = await _wakeups(adapter_name, url, **command)
-        print(json.dumps(result), flush=True)
-    await adapter.close()
-
-
-async def _wakeups(adapter_name: str, url: str, *, name: str, clients: int, rounds: int) -> Any:
-    """``clients`` clients queue on ``name``; each takes it ``rounds`` times (entry and exit
-    times are returned for the hand-off gaps)."""
-    adapters = [ADAPTERS[adapter_name](url) for _ in range(clients)]
-    await asyncio.gather(*(a.open() for a in adapters))
-    turns: list[tuple[float, float]] = []
-
-    async def client(adapter: Adapter) -> None:
-        lock = adapter.new_lock(name)
-        for _ in range(rounds):
-            granted = await adapter.acquire(lock)
-            entered = perf() if granted is None else granted
-            await asyncio.sleep(0.001)
-            turns.append((entered, perf()))
-            await adapter.release(lock)
-
-    try:
-        await asyncio.gather(*(client(a) for a in adapters))
-    finally:
-        await asyncio.gather(*(a.close() for a in adapters), return_exceptions=True)
-    turns.sort()
-    gaps = [b[0] - a[1] for a, b in itertools.pairwise(turns)]
-    return {"handoffs": len(gaps), "gaps": gaps}
-
-
-class Worker:
-    """The parent's handle on one adapter's worker process."""
-
-    def __init__(self, adapter: type[Adapter], url: str) -> None:
-        env = {**os.environ, **getattr(adapter, "environment", {})}
-        command = [sys.executable, "-m", "benchmarks.etcd", "--worker", adapter.name]
-        self.proc = subprocess.Popen(
-            [*command, "--url", url], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.ask_raw(None)
-
-    def ask_raw(self, command: dict[str, Any] | None) -> Any:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        if command is not None:
-            self.proc.stdin.write(json.dumps(command) + "\n")
-            self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, kind: str, **options: Any) -> Any:
-        return self.ask_raw({"kind": kind, **options})
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _events(client_url: str) -> int:
-    """etcd's count of the events it has sent to watchers."""
-    with urllib.request.urlopen(client_url + "/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith("etcd_debugging_mvcc_events_total "):
-                return int(float(line.split()[1]))
-    raise RuntimeError("etcd_debugging_mvcc_events_total is missing from /metrics")
-
-
-def _run(args: argparse.Namespace, url: str, client_url: str) -> dict[str, Any]:
-    results: dict[str, Any] = {"A": {}, "A_rounds": [], "B": {}, "W": {}}
-    workers = {name: Worker(ADAPTERS[name], url) for name in args.adapters}
-    try:
-        for worker in workers.values():
-            worker.ask("A", name=f"warm-{uuid.uuid4().hex[:6]}", seconds=0.3)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in workers}
-        names = list(workers)
-        for r in range(args.a_rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            rates = {}
-            for name in order:
-                res = workers[name].ask("A", name=f"a-{name}-{r}", seconds=args.a_seconds)
-                runs[name].append(res)
-                rates[name] = res["cycles_per_s"]
-            results["A_rounds"].append(rates)
-            log(f"A round {r + 1}: " + ", ".join(f"{n} {v:.0f}/s" for n, v in rates.items()))
-        for name, rows in runs.items():
-            rates = [row["cycles_per_s"] for row in rows]
-            results["A"][name] = {
-                "cycles_per_s": round(statistics.median(rates), 1),
-                "cycle_p50_ms": statistics.median(row["cycle"]["p50_ms"] for row in rows),
-            }
-        for name, worker in workers.items():
-            if not ADAPTERS[name].can_wait:
-                continue
-            res = worker.ask(
-                "B", name=f"b-{name}", workers=args.b_workers, seconds=args.b_seconds,
-                hold=args.hold_ms / 1000, settle=0.5,
-            )  # fmt: skip
-            results["B"][name] = res
-            log(f"B {name}: {res['acquisitions_per_s']}/s, gap {res['handoff_gap']}")
-        for name in args.w_adapters:
-            for clients in args.w_clients:
-                before = _events(client_url)
-                res = workers[name].ask("W", name=f"w-{name}-{clients}", clients=clients,
-                                        rounds=args.w_rounds)  # fmt: skip
-                events = _events(client_url) - before
-                gaps = res["gaps"]
-                row = {
-                    "clients": clients,
-                    "handoffs": res["handoffs"],
-                    "events_per_handoff": round(events / max(res["handoffs"], 1), 3),
-                    "gap_p50_ms": round(statistics.median(gaps) * 1000, 3) if gaps else None,
-                    "gap_max_ms": round(max(gaps, default=0.0) * 1000, 3),
-                    "missed": sum(1 for g in gaps if g > MISSED_AFTER),
-                }
-                results["W"].setdefault(name, []).append(row)
-                log(f"W {name} x{clients}: {row}")
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return results
-
-
-def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-
-    def judge(goal: str, ok: bool | None, measured: str) -> None:
-        status = "N/A" if ok is None else ("PASS" if ok else "FAIL")
-        out.append({"goal": goal, "status": status, "measured": measured})
-
-    rounds = results["A_rounds"]
-    peers = [n for n in results["A"] if n != "aiodlock"]
-    ratios = [
-        r["aiodlock"] / max(r[p] for p in peers)
-        for r in rounds
-        if "aiodlock" in r and any(p in r for p in peers)
-    ]
-    ratio = statistics.median(ratios) if ratios else None
-    judge(
-        "A: uncontended cycles/s >= 1.5x the best peer",
-        None if ratio is None else ratio >= 1.5,
-        "n/a" if ratio is None else f"{ratio:.2f}x (median of per-round ratios)",
+def _aetcd_cycles(address: str, seconds: float) -> float | None:
+    """aetcd's Lock in a process of its own (its protos clash with etcd3aio's in one); None
+    when aetcd is not installed (``pip install -e ".[bench]"``)."""
+    host, port = address.rsplit(":", 1)
+    done = subprocess.run(
+        [sys.executable, "-c", _AETCD, host, port, str(seconds)],
+        check=False,
+        capture_output=True,
+        text=True,
     )
-    b = results["B"].get("aiodlock")
-    p99 = None if b is None else b["handoff_gap"]["p99_ms"]
-    judge("B: hand-off gap p99 < 10 ms", None if p99 is None else p99 < 10, f"{p99} ms")
-    w = results["W"].get("aiodlock", [])
-    per = [row["events_per_handoff"] for row in w]
-    judge(
-        "W: one wake-up per hand-off from 1 to 100 waiters",
-        None if not per else all(0.95 <= p <= 1.05 for p in per),
-        ", ".join(f"x{row['clients']}: {row['events_per_handoff']}" for row in w) or "n/a",
-    )
-    missed = sum(row["missed"] for row in w)
-    judge("W: no missed wake-up", None if not w else missed == 0, f"{missed} missed")
-    return out
+    if done.returncode != 0:
+        if "No module named 'aetcd'" in done.stderr:
+            return None
+        raise RuntimeError(f"the aetcd peer failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
 
 
-def _markdown(doc: dict[str, Any]) -> str:
-    meta, res = doc["meta"], doc["results"]
-    lines = side_report_head("etcd", "etcd", meta)
-    lines += [
-        "| adapter | A: cycles/s | A: cycle p50 ms | B: acq/s | B: gap p50 ms | B: gap p99 ms "
-        "| B: same owner |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, a, b in side_rows(res, ADAPTERS):
-        gap = b.get("handoff_gap", {})
-        lines.append(
-            f"| {name} | {a.get('cycles_per_s', '')} | {a.get('cycle_p50_ms', '')} | "
-            f"{b.get('acquisitions_per_s', '')} | {gap.get('p50_ms', '')} | "
-            f"{gap.get('p99_ms', '')} | {b.get('same_owner_share', '')} |"
+def _etcdctl_cycles(endpoint: str, count: int) -> float:
+    started = perf()
+    for _ in range(count):
+        subprocess.run(
+            ["etcdctl", f"--endpoints={endpoint}", "lock", "bench-ctl", "true"],
+            check=True,
+            capture_output=True,
+            env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin:/usr/local/bin"},
         )
-    lines += ["", "| adapter | waiters | hand-offs | events per hand-off | gap p50 ms | "
-              "gap max ms | missed |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for name, rows in res["W"].items():
-        for row in rows:
-            lines.append(
-                f"| {name} | {row['clients']} | {row['handoffs']} | "
-                f"{row['events_per_handoff']} | {row['gap_p50_ms']} | {row['gap_max_ms']} | "
-                f"{row['missed']} |"
-            )
-    return "\n".join([*lines, "", "Targets:", *target_lines(doc), ""])
+    return count / (perf() - started)
+
+
+async def _handoff(url: str, turns: int) -> list[float]:
+    """Two clients alternate on one name: gaps (s) from a release call to the next entry."""
+    ns = f"b{uuid.uuid4().hex[:6]}"
+    async with aiodlock.connect(url, namespace=ns) as a, aiodlock.connect(url, namespace=ns) as b:
+        gaps: list[float] = []
+        released = 0.0
+
+        async def side(client: aiodlock.Client, count: int) -> None:
+            nonlocal released
+            lock = client.lock("b")
+            for _ in range(count):
+                async with lock:
+                    if released:
+                        gaps.append(perf() - released)
+                    await asyncio.sleep(0.001)
+                    released = perf()
+                await asyncio.sleep(0)  # (the other side's attempt is on its way)
+
+        await asyncio.gather(side(a, turns), side(b, turns))
+        return gaps[5:]
+
+
+async def _wakeups(url: str, waiters: int, bound: float) -> tuple[float, int]:
+    """N clients queue behind a holder and take the name in turn: (wake-ups per hand-off,
+    waiters that waited more than ``bound`` after their predecessor's release)."""
+    ns = f"b{uuid.uuid4().hex[:6]}"
+    attempts: dict[str, int] = {}
+    original = EtcdBackend.try_acquire
+
+    async def counted(self: EtcdBackend, request: Any, **kw: Any) -> Any:
+        attempts[request.owner] = attempts.get(request.owner, 0) + 1
+        return await original(self, request, **kw)
+
+    clients = [aiodlock.connect(url, namespace=ns) for _ in range(waiters + 1)]
+    for client in clients:
+        await client.open()
+    try:
+        holder = clients[0].lock("w")
+        await holder.acquire()
+        EtcdBackend.try_acquire = counted  # type: ignore[method-assign]
+        released: list[float] = []
+        missed = 0
+
+        async def wait(client: aiodlock.Client) -> None:
+            nonlocal missed
+            async with client.lock("w", timeout=60):
+                if released and perf() - released[-1] > bound:
+                    missed += 1
+                await asyncio.sleep(0.001)
+                released.append(perf())
+
+        tasks = [asyncio.create_task(wait(c)) for c in clients[1:]]
+        while (
+            await clients[0].status("w") or aiodlock.LockStatus("", "", 0, None, 0)
+        ).waiters != waiters:
+            await asyncio.sleep(0.01)
+        released.append(perf())
+        await holder.release()
+        await asyncio.gather(*tasks)
+    finally:
+        EtcdBackend.try_acquire = original  # type: ignore[method-assign]
+        for client in clients:
+            await client.close()
+    total = sum(attempts.values())
+    return (total - waiters) / waiters, missed
+
+
+async def _queued(client: aiodlock.Client, waiters: int) -> bool:
+    status = await client.status("w")
+    return status is not None and status.waiters == waiters
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run(args: argparse.Namespace) -> int:
+    with etcd_server(not args.disk) as server:
+        url, address = server.url, server.address
+        seconds = 0.3 if args.quick else args.a_seconds
+        rounds = 1 if args.quick else args.a_rounds
+        ours: list[float] = []
+        peer: list[float] = []
+        for _ in range(rounds):  # interleaved, so a busy moment hurts both
+            ours.append(await _aiodlock_cycles(url, seconds))
+            other = _aetcd_cycles(address, seconds)
+            if other is not None:
+                peer.append(other)
+        a_ours = statistics.median(ours)
+        a_peer = statistics.median(peer) if peer else None
+        shown = "not installed" if a_peer is None else f"{a_peer:.0f}"
+        log(f"A aiodlock {a_ours:.0f} cycles/s, aetcd {shown} (median of {rounds})")
+        if args.etcdctl:
+            log(f"A etcdctl lock {_etcdctl_cycles(server.client_url, 20):.0f} cycles/s")
+        gaps = await _handoff(url, 30 if args.quick else args.turns)
+        p50, p99 = _q(gaps, 0.5) * 1e3, _q(gaps, 0.99) * 1e3
+        log(f"B hand-off gap p50 {p50:.2f} ms, p99 {p99:.2f} ms ({len(gaps)} hand-offs)")
+        per: dict[int, float] = {}
+        for n in (1, 10) if args.quick else (1, 10, 100):
+            per[n], _ = await _wakeups(url, n, bound=1.0)
+            log(f"wake-ups per hand-off with {n} waiters: {per[n]:.2f}")
+        missed = 0
+        for _ in range(2 if args.quick else 10):
+            _, m = await _wakeups(url, 10, bound=1.0)
+            missed += m
+        log(f"missed wake-ups in {2 if args.quick else 10} rounds of 10 waiters: {missed}")
+    targets = [
+        ("A >= 1.5x aetcd", None if a_peer is None else a_ours >= 1.5 * a_peer),
+        ("B p99 < 10 ms", p99 < 10.0),
+        ("1.0 wake-up per hand-off, 1..100 waiters", all(v == 1.0 for v in per.values())),
+        ("no missed wake-up", missed == 0),
+    ]
+    for label, ok in targets:
+        print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {label}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.etcd", description=__doc__)
-    parser.add_argument("--name")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
-    parser.add_argument("--adapters", type=_csv, help=f"from {', '.join(ADAPTERS)}")
-    parser.add_argument("--w-adapters", type=_csv, help="the adapters of W (aiodlock, aetcd)")
-    parser.add_argument("--w-clients", type=lambda s: [int(x) for x in _csv(s)])
-    parser.add_argument("--w-rounds", type=int)
-    parser.add_argument("--a-seconds", type=float)
-    parser.add_argument("--a-rounds", type=int)
-    parser.add_argument("--b-seconds", type=float)
-    parser.add_argument("--b-workers", type=int)
-    parser.add_argument("--hold-ms", type=float)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        asyncio.run(_worker(args.worker, args.url))
-        return 0
-    defaults: dict[str, Any] = {
-        "adapters": list(ADAPTERS), "w_adapters": ["aiodlock", "aetcd"],
-        "w_clients": [1, 10, 100], "w_rounds": 10, "a_seconds": 2.0, "a_rounds": 5,
-        "b_seconds": 5.0, "b_workers": 8, "hold_ms": 0.0,
-    }  # fmt: skip
-    if args.quick:
-        defaults |= {"a_seconds": 0.3, "a_rounds": 2, "b_seconds": 1.0, "w_clients": [1, 10],
-                     "w_rounds": 3}  # fmt: skip
-    args = settle_side_args(parser, args, defaults, ADAPTERS, "etcd")
-    args.w_adapters = [a for a in args.w_adapters if a in args.adapters]
-    for name in list(args.adapters):
-        why = _missing(ADAPTERS[name])
-        if why:
-            log(f"skipping {name}: {why}")
-            args.adapters.remove(name)
-    loadavg = _loadavg()
-    with etcd_server() as server:
-        results = _run(args, server.url, server.client_url)
-        packages = [p for a in args.adapters for p in ADAPTERS[a].packages]
-        text = save_run(
-            out=args.out, name=args.name, module="benchmarks.etcd", argv=argv,
-            server=f"etcd on {server.client_url} (one member)", packages=packages,
-            loadavg_before=loadavg,
-            results=results, targets=_targets, markdown=_markdown,
-        )  # fmt: skip
-    print(text)
-    return 0
-
-
-def _missing(adapter: type[Adapter]) -> str | None:
-    for module in adapter.packages:
-        env = getattr(adapter, "environment", {})
-        probe = subprocess.run(
-            [sys.executable, "-c", f"import {module}"], env={**os.environ, **env},
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if probe.returncode:
-            return f"{module} does not import: {probe.stderr.strip().splitlines()[-1:]}"
-    if adapter is EtcdctlLock and shutil.which("etcdctl") is None:
-        return "etcdctl is not installed"
-    return None
+    parser.add_argument("--a-seconds", type=float, default=2.0, help="A: one round's length")
+    parser.add_argument("--a-rounds", type=int, default=5, help="A: interleaved rounds")
+    parser.add_argument("--turns", type=int, default=300, help="B: turns per client")
+    parser.add_argument("--etcdctl", action="store_true", help="A: also etcdctl lock")
+    parser.add_argument(
+        "--disk", action="store_true", help="the member's data on disk, not /dev/shm"
+    )
+    return asyncio.run(run(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

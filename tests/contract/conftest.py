@@ -26,7 +26,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "redis-cluster": ("aiodlock.backends.redis", (pytest.mark.redis, pytest.mark.slow)),
     "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
-    "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
+    # (about 20 s: the fast suite runs tests/backends/etcd, the whole suite the contract)
+    "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd, pytest.mark.slow)),
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
     # (~20 s: the whole suite runs it, the fast one runs tests/backends/postgres)
     "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),

@@ -1,0 +1,399 @@
+"""``etcd://h1:2379,h2:2379`` (``etcds://``: TLS): the protocol of etcd's concurrency Mutex.
+
+One lease per client (:mod:`._session`).  An attempt is ONE transaction: if my key
+(:mod:`._keys`) has create_revision 0, put it with the lease; either way read the oldest key
+of the lock's prefix (and the newest one older than mine).  The lock is held when the
+oldest key is mine; a waiter watches the key just ahead for its DELETE (:mod:`._queue`) and
+asks again.  Release deletes my key only while its create_revision is the one granted.  The
+token is that create_revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Self
+from urllib.parse import quote
+
+import grpc
+from etcd3aio import prefix_range_end
+
+from ..._errors import BackendError, ConfigurationError
+from ..._retry import Guaranteed
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LockStatus,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
+from ..._url import ParsedURL, format_host, take_str
+from ..._wakeup import Wakeup
+from .._base import Backend
+from ._keys import Keys
+from ._queue import Place, PlaceWaiter, deleted
+from ._session import Session, rpc_code, tls_options
+from ._txn import Held, LeaseGone, cmp_create, delete_op, get_op, line, put_op, retrieved
+
+DEFAULT_PORT = 2379
+#: Seconds after a grant when the holder's watch on its own key is made.
+OWN_WATCH_DELAY = 0.05
+#: How often the holder's watch is made again after it ended without telling.
+OWN_WATCH_TRIES = 3
+SSL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+class EtcdBackend(Backend):
+    """Locks as keys of one client lease, queued by create_revision."""
+
+    backend_name = "etcd"
+    capabilities = (
+        Capability.FAIR
+        | Capability.ALWAYS_FAIR
+        | Capability.FENCING
+        | Capability.SESSION_LEASE
+        | Capability.CROSS_PROCESS
+    )
+
+    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
+        if url.scheme not in ("etcd", "etcds"):
+            raise ConfigurationError(f"not an etcd URL scheme: {url.scheme!r}")
+        if url.path not in ("", "/"):
+            raise ConfigurationError(
+                f"an etcd URL takes no path (got {url.path!r}); use the namespace option"
+            )
+        self.config = config
+        self._scheme = url.scheme
+        self.hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
+        self.username = take_str(options, "username", url.username)
+        password = take_str(options, "password", url.password)
+        if (self.username is None) != (password is None):
+            raise ConfigurationError(
+                "etcd authentication needs both a user name and a password "
+                "(etcd://USER:PASSWORD@host:2379)"
+            )
+        self._credentials = None if password is None else (str(self.username), password)
+        files = {name: take_str(options, name, None) for name in SSL_FILES}
+        self._tls = tls_options(files) if url.scheme == "etcds" else None
+        if url.scheme == "etcd" and any(files.values()):
+            raise ConfigurationError("ssl_* options need the etcds:// scheme")
+        self.keys = Keys(config.namespace)
+        self.session: Session | None = None
+        self._on_lost: LostCallback | None = None
+        self._cleanup: Guaranteed | None = None
+        self._places: dict[tuple[str, str], Place] = {}
+        self._grants: dict[bytes, Grant] = {}
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        return cls(config, url, options)
+
+    def describe(self) -> str:
+        auth = f"{quote(self.username, safe='')}:***@" if self.username is not None else ""
+        servers = ",".join(format_host(h, p) for h, p in self.hosts)
+        return f"{self._scheme}://{auth}{servers}"
+
+    @property
+    def _io(self) -> Session:
+        if self.session is None or self.session.closed:
+            raise BackendError("etcd: the client is not open (or was closed)")
+        return self.session
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self, on_lost: LostCallback) -> None:
+        self._on_lost = on_lost
+        self._cleanup = Guaranteed("etcd: delete")
+        self.session = Session(
+            self.hosts,
+            self.config,
+            tls=self._tls,
+            credentials=self._credentials,
+            on_lost=self._lease_lost,
+            on_back=self._cleanup.kick,
+        )
+        try:
+            await self.session.start()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        for place in self._places.values():
+            place.stop()
+            place.event.set()
+        self._places.clear()
+        if self._cleanup is not None:
+            await self._cleanup.aclose()
+        grants, self._grants = list(self._grants.values()), {}
+        for grant in grants:
+            grant.data.stop()
+        if grants and self._on_lost is not None:
+            self._on_lost(grants, "the client was closed while the lock was held")
+        session, self.session = self.session, None
+        if session is not None:
+            await session.close()  # the lease is revoked: the server deletes its keys at once
+
+    def _lease_lost(self, lease: int, reason: str) -> None:
+        lost = [g for g in self._grants.values() if g.data.lease == lease]
+        for grant in lost:
+            del self._grants[grant.data.key]
+            grant.data.stop()
+        if lost and self._on_lost is not None:
+            self._on_lost(lost, reason)
+        for place in self._places.values():
+            if place.lease == lease:
+                place.forget()
+                place.event.set()
+        session = self.session
+        if session is not None and self._cleanup is not None:
+            self._cleanup.later(("revoke", lease), lambda: session.revoke(lease))
+
+    # -- acquiring -------------------------------------------------------------------------------
+
+    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        try:
+            return await self._attempt(request, will_wait)
+        except LeaseGone:  # found out by this attempt: the next one puts on a fresh lease
+            return await self._attempt(request, will_wait)
+
+    async def _attempt(self, request: Request, will_wait: bool) -> Grant | Busy:
+        session = self._io
+        ident = (request.name, request.owner)
+        place = self._places.get(ident)
+        if place is None:
+            place = self._places[ident] = Place(request)
+        lease = await session.current()
+        place.event = Wakeup()  # what this read sees needs no wake-up
+        if place.lease and place.lease != lease:
+            place.forget()  # its key went with its lease
+        key = self.keys.key(request.name, lease, request.owner, place.nonce)
+        if place.key != key:
+            place.key, place.lease, place.revision = key, lease, 0
+        known = place.revision
+        prefix = self.keys.prefix(request.name)
+        put = put_op(key, request.owner, lease=lease)
+        if will_wait:
+            compare = [cmp_create(key, 0)]
+            success = [put, get_op(key), line(prefix), line(prefix, newest=True, limit=2)]
+            failure = [get_op(key), line(prefix), line(prefix, newest=True, below=known - 1)]
+        else:  # a try-lock puts its key only into an empty line
+            compare = [cmp_create(prefix, 0, range_end=prefix_range_end(prefix))]
+            success = [put, get_op(key), line(prefix)]
+            failure = [get_op(key), line(prefix)]
+        sent = monotonic()
+        client = session.io
+        assert client.kv is not None
+        # NOTE: a cancelled call may still reach the server after a clean-up sent later on
+        # another stream: the call runs on, and abandon() awaits it before deleting.
+        call = place.call = asyncio.ensure_future(
+            client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
+        )
+        call.add_done_callback(retrieved)
+        with self._lease_errors(lease, "acquire"):
+            reply = await asyncio.shield(call)
+        place.call = None
+        ops = [r.response_range for r in reply.responses]
+        if reply.succeeded:
+            ops = ops[1:]  # (the put's answer)
+        mine = ops[0].kvs
+        if not mine:
+            del self._places[ident]
+            return Busy(None)  # a try-lock on a taken lock: nothing was put
+        revision = place.revision = mine[0].create_revision
+        oldest = ops[1].kvs
+        if oldest and oldest[0].key == key:
+            del self._places[ident]
+            place.stop()
+            held = Held(key, revision, lease)
+            grant = Grant(request.name, request.owner, revision, None, held)
+            self._grants[key] = grant
+            # A short hold needs no watch of its own (most end before it would be made).
+            held.watch = asyncio.get_running_loop().call_later(
+                OWN_WATCH_DELAY, self._watch_own, grant, reply.header.revision
+            )
+            return grant
+        if not will_wait:  # (a key of an earlier, unanswered try of this acquire)
+            del self._places[ident]
+            await self._delete(key, revision, "acquire")
+            return Busy(None)
+        request.queued = True
+        seen = reply.header.revision
+        ahead = next((bytes(kv.key) for kv in ops[2].kvs if kv.key != key), None)
+        if ahead is None or not (reply.succeeded or known == revision):
+            with self._lease_errors(lease, "acquire"):
+                ahead, seen = await self._before(prefix, revision)
+        if ahead is None:
+            place.event.set()  # (nothing older is left: ask again)
+        else:
+            place.arm(client, ahead, seen, sent, self.config.op_timeout)
+        return Busy(None)
+
+    def _watch_own(self, grant: Grant, revision: int) -> None:
+        held: Held = grant.data
+        if self._grants.get(held.key) is grant and self.session is not None:
+            held.watch = asyncio.get_running_loop().create_task(
+                self._own(grant, revision), name="aiodlock:etcd-own-watch"
+            )
+
+    async def _own(self, grant: Grant, revision: int) -> None:
+        """Report the loss of a held key deleted by someone else."""
+        held: Held = grant.data
+        session = self._io
+        for _ in range(OWN_WATCH_TRIES):
+            if await deleted(session.io, held.key, revision, self.config.op_timeout):
+                break
+            # The watch could not tell (compacted past its start, refused, failed): look.
+            try:
+                with session.translate("watch"):
+                    kv = session.io.kv
+                    assert kv is not None
+                    reply = await kv.get(held.key, timeout=self.config.op_timeout)
+            except BackendError:
+                return  # (a failing server: the lease's deadline decides, the release checks)
+            if not reply.kvs or reply.kvs[0].create_revision != held.revision:
+                break
+            revision = reply.header.revision
+        else:
+            return  # (the release finds out)
+        if self._grants.get(held.key) is grant and held.lease == session.lease:
+            del self._grants[held.key]
+            held.watch = None
+            if self._on_lost is not None:
+                self._on_lost([grant], "the lock key was deleted by someone else")
+
+    async def _before(self, prefix: bytes, revision: int) -> tuple[bytes | None, int]:
+        """The newest key of the line created before ``revision`` now, and the revision read
+        at (a waiter's watch looks at what changed since)."""
+        client = self._io.io
+        assert client.kv is not None
+        op = line(prefix, newest=True, below=revision - 1)
+        reply = await client.kv.txn([], [op], timeout=self.config.op_timeout)
+        kvs = reply.responses[0].response_range.kvs
+        return (bytes(kvs[0].key) if kvs else None), reply.header.revision
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        key = (request.name, request.owner)
+        place = self._places.get(key)
+        if place is None:
+            place = self._places[key] = Place(request)
+        return contextlib.nullcontext(PlaceWaiter(place))
+
+    @contextlib.contextmanager
+    def _lease_errors(self, lease: int, what: str) -> Any:
+        """Translate; a put on a lease the server no longer knows is its loss (detected)."""
+        session = self._io
+        try:
+            with session.translate(what):
+                yield
+        except BackendError as error:
+            if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
+                raise
+            session.lose(lease, "the server no longer knows the lease (revoked or expired)")
+            raise LeaseGone(str(error)) from error.__cause__
+
+    # -- releasing -------------------------------------------------------------------------------
+
+    async def release(self, grant: Grant) -> bool:
+        held: Held = grant.data
+        self._grants.pop(held.key, None)
+        held.stop()
+        return bool(await self._delete(held.key, held.revision, "release"))
+
+    async def _delete(self, key: bytes, revision: int, what: str) -> bool:
+        """Delete ``key`` if its create_revision is ``revision`` (0: whatever it is); what
+        cannot be done within ``op_timeout`` is done in the background."""
+        session = self._io
+        assert self._cleanup is not None
+
+        async def delete() -> bool:
+            client = session.io
+            assert client.kv is not None
+            compare = [cmp_create(key, revision)] if revision else []
+            with session.translate(what):
+                reply = await client.kv.txn(
+                    compare, [delete_op(key)], timeout=self.config.op_timeout
+                )
+            return bool(reply.succeeded and reply.responses[0].response_delete_range.deleted)
+
+        until = monotonic() + self.config.op_timeout
+        return await self._cleanup.run((key, revision), delete, until=until)
+
+    async def abandon(self, request: Request) -> None:
+        place = self._places.pop((request.name, request.owner), None)
+        if place is None:
+            # Nothing in flight; a grant the core did not take (the client closed as the
+            # answer came) is released.
+            for grant in list(self._grants.values()):
+                if (grant.name, grant.owner) == (request.name, request.owner):
+                    await self.release(grant)
+            return
+        place.stop()
+        if place.call is not None:  # an attempt cut short: its put must not land later
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(place.call), self.config.op_timeout)
+        session = self.session
+        if session is not None and not session.closed and place.key:
+            # (the key is this acquisition's own: deleting it unconditionally, later if
+            # need be, can never touch another acquisition's key)
+            await self._delete(place.key, place.revision, "abandon")
+
+    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
+        """(only ``extend()``: the lease is kept alive by the session) Is each key still ours?"""
+        session = self._io
+        started = monotonic()
+        client = session.io
+        assert client.kv is not None
+        with session.translate("renew"):
+            reply = await client.kv.txn(
+                [], [get_op(g.data.key) for g in grants], timeout=self.config.op_timeout
+            )
+        results: list[float | None] = []
+        for grant, answer in zip(grants, reply.responses, strict=True):
+            kvs = answer.response_range.kvs
+            ok = bool(kvs) and kvs[0].create_revision == grant.data.revision
+            ok = ok and grant.data.lease == session.lease
+            results.append(started + ttl if ok else None)
+        return results
+
+    # -- looking ---------------------------------------------------------------------------------
+
+    async def _line(self, name: str) -> tuple[Any, int]:
+        """The holder's key-value (or None) and how many keys the line has."""
+        prefix = self.keys.prefix(name)
+        head = line(prefix)
+        head.request_range.keys_only = False
+        count = get_op(prefix, range_end=prefix_range_end(prefix))
+        count.request_range.count_only = True
+        session = self._io
+        client = session.io
+        assert client.kv is not None
+        with session.translate("status"):
+            reply = await client.kv.txn([], [head, count], timeout=self.config.op_timeout)
+        kvs = reply.responses[0].response_range.kvs
+        return (kvs[0] if kvs else None), int(reply.responses[1].response_range.count)
+
+    async def status(self, name: str) -> LockStatus | None:
+        holder, count = await self._line(name)
+        if holder is None:
+            return None
+        session = self._io
+        client = session.io
+        assert client.lease is not None
+        with session.translate("status"):
+            ttl = await client.lease.time_to_live(holder.lease, timeout=self.config.op_timeout)
+        left = float(ttl.TTL) if ttl.TTL >= 0 else 0.0
+        owner = bytes(holder.value).decode("utf-8", "surrogatepass")
+        return LockStatus(name, owner, holder.create_revision, left, count - 1)
+
+    async def force_release(self, name: str) -> bool:
+        holder, _ = await self._line(name)
+        if holder is None:
+            return False
+        return await self._delete(bytes(holder.key), holder.create_revision, "force_release")
