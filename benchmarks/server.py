@@ -107,4 +107,3 @@ def etcd_server(tmpfs: bool) -> contextlib.AbstractContextManager[Any]:
 def log(message: str) -> None:
     """A progress line on stderr."""
     print(message, file=sys.stderr, flush=True)
-
