@@ -28,10 +28,13 @@ BUILTIN: dict[str, str] = {
     "redlock": "aiodlock.backends.redis:RedlockBackend",
     "zookeeper": "aiodlock.backends.zookeeper:ZooKeeperBackend",
     "zk": "aiodlock.backends.zookeeper:ZooKeeperBackend",
+    "mysql": "aiodlock.backends.mysql:MySQLBackend",
+    "mariadb": "aiodlock.backends.mysql:MySQLBackend",
 }
 
 #: The pip extra that brings a scheme's driver (the scheme's own name where it has one).
 EXTRAS: dict[str, str] = {"redlock": "redlock", "zookeeper": "zookeeper", "zk": "zookeeper"}
+EXTRAS.update(mysql="mysql", mariadb="mysql")
 EXTRAS.update(dict.fromkeys([s for s in BUILTIN if s.startswith(("redis", "unix"))], "redis"))
 
 

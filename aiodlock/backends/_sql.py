@@ -100,13 +100,20 @@ class Dialect:
     now_sql: str | None = None
     #: How many expired rows one grant deletes at most (keeps every write short).
     sweep_limit: int = 64
+    #: The SQL expression a name's parameter stands in (e.g. ``"UNHEX(?)"``).
+    name_sql: str = "?"
+
+    def name_param(self, key: bytes) -> Any:
+        """The parameter sent for a name's stored bytes (``name_sql`` turns it back)."""
+        return key
 
     def create_tables(self, locks: str, counters: str) -> list[str]:
         """Idempotent DDL for both tables and the expiry index."""
         raise NotImplementedError
 
     def bump_counter(self, counters: str) -> str:
-        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)."""
+        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)
+        (the name's placeholder written as :attr:`name_sql`)."""
         raise NotImplementedError
 
     def sweep_expired(self, locks: str) -> str:
@@ -150,12 +157,13 @@ class LockTable:
         self.counters = counters
         q = self._render
         cols = "owner, token, expires_at, version"
-        key = "namespace = ? AND name = ?"
+        n = dialect.name_sql
+        key = f"namespace = ? AND name = {n}"
         self._select = q(f"SELECT {cols} FROM {locks} WHERE {key}")
         self._select_for_update = q(f"SELECT {cols} FROM {locks} WHERE {key}{dialect.for_update}")
         self._insert = q(
             f"INSERT INTO {locks} (namespace, name, owner, token, expires_at, version) "
-            f"VALUES (?, ?, ?, ?, ?, 1)"
+            f"VALUES (?, {n}, ?, ?, ?, 1)"
         )
         self._take_over = q(
             f"UPDATE {locks} SET owner = ?, token = ?, expires_at = ?, version = version + 1 "
@@ -193,7 +201,10 @@ class LockTable:
         rows = yield Fetch(self._now, ())
         return int(rows[0][0])
 
-    def _next_token(self, key: bytes) -> Script[int]:
+    def _key(self, name: str) -> Any:
+        return self.dialect.name_param(encode_name(name))
+
+    def _next_token(self, key: Any) -> Script[int]:
         yield Execute(self._bump, (self.namespace, key))
         rows = yield Fetch(self._read_counter, (self.namespace, key))
         return int(rows[0][0])
@@ -206,7 +217,7 @@ class LockTable:
 
     def attempt(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy]:
         """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds."""
-        ns, key = self.namespace, encode_name(name)
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         expires_at = now + _micros(ttl)
         rows = yield Fetch(self._select_for_update, (ns, key))
@@ -241,14 +252,14 @@ class LockTable:
         results: list[bool] = []
         for name, owner, token in items:
             changed = yield Execute(
-                self._renew, (expires_at, self.namespace, encode_name(name), owner, token, now)
+                self._renew, (expires_at, self.namespace, self._key(name), owner, token, now)
             )
             results.append(changed == 1)
         return results
 
     def release(self, name: str, owner: str, token: int) -> Script[bool]:
         """WRITE: compare-and-delete; True if the row was ours AND still live."""
-        ns, key = self.namespace, encode_name(name)
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         rows = yield Fetch(self._select_for_update, (ns, key))
         if not rows:
@@ -262,17 +273,17 @@ class LockTable:
     def left_nothing(self, name: str, owner: str) -> Script[bool | None]:
         """READ: ``False`` when ``owner`` has no row for ``name`` (nothing to abandon), else
         ``None``: :meth:`abandon` must run."""
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        rows = yield Fetch(self._select, (self.namespace, self._key(name)))
         return None if rows and rows[0][0] == owner else False
 
     def abandon(self, name: str, owner: str) -> Script[bool]:
         """WRITE: delete ``name``'s row if ``owner`` holds it (any token); True if deleted."""
-        deleted = yield Execute(self._delete_owner, (self.namespace, encode_name(name), owner))
+        deleted = yield Execute(self._delete_owner, (self.namespace, self._key(name), owner))
         return bool(deleted)
 
     def force_release(self, name: str) -> Script[bool]:
         """WRITE: delete ``name``'s row whoever holds it; True if a LIVE row was deleted."""
-        ns, key = self.namespace, encode_name(name)
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         live = yield Execute(self._delete_live, (ns, key, now))
         yield Execute(self._delete_any, (ns, key))
@@ -281,7 +292,7 @@ class LockTable:
     def status(self, name: str) -> Script[Held | None]:
         """READ: the live holder of ``name`` or ``None`` (an expired row counts as free)."""
         now = yield from self.now()
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        rows = yield Fetch(self._select, (self.namespace, self._key(name)))
         if not rows:
             return None
         owner, token, expires_at, _version = rows[0]
