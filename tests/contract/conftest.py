@@ -27,7 +27,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
-    "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
+    # (~20 s: the whole suite runs it; the fast one runs tests/backends/mysql)
+    "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
 }
 
 

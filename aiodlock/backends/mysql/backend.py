@@ -124,10 +124,12 @@ class MySQLBackend(LockTableBackend):
         try:
             async with conn.cursor() as cursor:
                 # UTC: UNIX_TIMESTAMP(NOW(6)) is exact; READ COMMITTED: a missing row takes
-                # no gap lock, and every read sees the last commit.
+                # no gap lock, and every read sees the last commit; no notes (CREATE TABLE
+                # IF NOT EXISTS of an existing table would cost a SHOW WARNINGS and a
+                # Python warning).
                 wait = max(1, math.ceil(self.config.op_timeout))
                 await cursor.execute(
-                    f"SET time_zone = '+00:00', innodb_lock_wait_timeout = {wait:d}"
+                    f"SET time_zone = '+00:00', sql_notes = 0, innodb_lock_wait_timeout = {wait:d}"
                 )
                 await cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         except BaseException:
