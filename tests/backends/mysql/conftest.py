@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
+import aiodlock
+from tests.helpers import ClientFactory
 from tests.servers import MariaDBServer
 
 pytestmark = pytest.mark.mysql
@@ -21,6 +23,12 @@ def mysql_url(mariadb_server: MariaDBServer) -> str:
 @pytest.fixture
 def lock_url(mysql_url: str) -> str:
     return mysql_url
+
+
+@pytest.fixture
+async def other(make_client: ClientFactory) -> aiodlock.Client:
+    """A second client of the same server and namespace: another process, in effect."""
+    return await make_client()
 
 
 @pytest.fixture
