@@ -23,37 +23,19 @@ from .._wakeup import Backoff, BoardWaiter, SharedBoard, WakeupBoard
 from ._base import Backend
 from ._sql import Granted, LockTable, Script
 
-__all__ = ["LockTableBackend"]
+__all__ = ["LockTableBackend", "PollingBackend"]
 
 T = TypeVar("T")
 MakeScript = Callable[[], Script[Any]]
 
 
-class LockTableBackend(Backend):
-    """A backend whose locks are rows of a :class:`LockTable` (subclass: connect, ``_run``)."""
+class PollingBackend(Backend):
+    """A backend whose waiters poll with backoff, and whose releases in this process wake a
+    local waiter at once (the board the backends of one loop share per database)."""
 
-    #: ``abandon`` reads before it deletes (True where a read sees every write that came
-    #: before it, as SQLite's one connection does; an InnoDB read does not wait for a
-    #: transaction still committing on a discarded connection, so MySQL deletes at once).
-    abandon_reads_first: ClassVar[bool] = True
-
-    table: LockTable
     poll_min: float
     poll_max: float
     _shared: SharedBoard | None = None
-
-    @abc.abstractmethod
-    async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
-        """Run ``read()`` (no write lock), then ``write()`` in one write transaction unless
-        the read returned something other than ``None``; the last script's outcome."""
-
-    async def _read(self, what: str, read: Callable[[], Script[T]]) -> T:
-        return cast(T, await self._run(what, read, None))
-
-    async def _write(self, what: str, write: Callable[[], Script[T]]) -> T:
-        return cast(T, await self._run(what, None, write))
-
-    # -- local wake-ups -----------------------------------------------------------------------
 
     def _join_board(self, resource: Hashable) -> None:
         if self._shared is None:
@@ -81,6 +63,28 @@ class LockTableBackend(Backend):
         backoff = Backoff(first=self.poll_min, cap=self.poll_max)
         board = self.board or WakeupBoard()
         return BoardWaiter.context(board, self.board_key(request.name), backoff)
+
+
+class LockTableBackend(PollingBackend):
+    """A backend whose locks are rows of a :class:`LockTable` (subclass: connect, ``_run``)."""
+
+    #: ``abandon`` reads before it deletes (True where a read sees every write that came
+    #: before it, as SQLite's one connection does; an InnoDB read does not wait for a
+    #: transaction still committing on a discarded connection, so MySQL deletes at once).
+    abandon_reads_first: ClassVar[bool] = True
+
+    table: LockTable
+
+    @abc.abstractmethod
+    async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
+        """Run ``read()`` (no write lock), then ``write()`` in one write transaction unless
+        the read returned something other than ``None``; the last script's outcome."""
+
+    async def _read(self, what: str, read: Callable[[], Script[T]]) -> T:
+        return cast(T, await self._run(what, read, None))
+
+    async def _write(self, what: str, write: Callable[[], Script[T]]) -> T:
+        return cast(T, await self._run(what, None, write))
 
     # -- the contract ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd,)),
     # (~20 s: the whole suite runs it; the fast one runs tests/backends/mysql)
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
+    "mysql-named": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
 }
 
 
@@ -75,6 +76,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("etcd_server").url)
     if backend == "mysql":
         return str(request.getfixturevalue("mariadb_server").url)
+    if backend == "mysql-named":
+        return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
     raise AssertionError(backend)
 
 

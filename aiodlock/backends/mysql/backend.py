@@ -11,25 +11,22 @@ waiter at once.  See ``docs/backends/mysql.md``.
 from __future__ import annotations
 
 import asyncio
-import math
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import aiomysql
 
 from ..._errors import ConfigurationError
 from ..._types import Capability, CommonConfig, LostCallback
-from ..._url import ParsedURL, format_host, take_float, take_int, take_str
+from ..._url import ParsedURL
 from .._sql import Execute, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from ._dialect import MYSQL
 from ._pool import ConnectionPool, Run, is_lost, is_retryable, run_on, translate
+from ._settings import Settings, connect
 
 __all__ = ["MySQLBackend"]
 
 T = TypeVar("T")
-
-DEFAULT_PORT = 3306
-STRATEGIES = ("table",)
 
 
 class MySQLBackend(LockTableBackend):
@@ -39,103 +36,30 @@ class MySQLBackend(LockTableBackend):
     capabilities = Capability.FENCING | Capability.CROSS_PROCESS
     abandon_reads_first: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        config: CommonConfig,
-        *,
-        host: str,
-        port: int = DEFAULT_PORT,
-        user: str | None = None,
-        password: str | None = None,
-        database: str,
-        scheme: str = "mysql",
-        strategy: str = "table",
-        pool_size: int = 10,
-        poll_min: float = 0.005,
-        poll_max: float = 0.1,
-    ) -> None:
-        if strategy not in STRATEGIES:
-            raise ConfigurationError(
-                f"option 'strategy' must be one of {', '.join(map(repr, STRATEGIES))}, "
-                f"got {strategy!r}"
-            )
-        if not 0 < poll_min <= poll_max:
-            raise ConfigurationError(
-                f"options 'poll_min' and 'poll_max' need 0 < poll_min <= poll_max, "
-                f"got {poll_min} and {poll_max}"
-            )
+    def __init__(self, config: CommonConfig, settings: Settings) -> None:
         self.config = config
-        self.host, self.port, self.user, self.database = host, port, user, database
-        self._password = password or ""
-        self._secrets = (self._password,) if self._password else ()
-        self._scheme = scheme
-        self.strategy = strategy
-        self.pool_size = pool_size
-        self.poll_min, self.poll_max = poll_min, poll_max
+        self.settings = settings
+        self.poll_min, self.poll_max = settings.poll_min, settings.poll_max
         self.table = LockTable(MYSQL, config.namespace)
         self._pool: ConnectionPool | None = None
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        if len(url.hosts) != 1:
-            raise ConfigurationError(
-                "a mysql URL names one server: 'mysql://user:password@host:3306/database'"
-            )
-        database = url.path[1:] if url.path.startswith("/") else url.path
-        if not database or "/" in database:
-            raise ConfigurationError(
-                "a mysql URL needs a database name as its path: "
-                "'mysql://user:password@host:3306/database'"
-            )
-        ((host, port),) = url.host_list(DEFAULT_PORT)
-        return cls(
-            config,
-            host=host,
-            port=port,
-            user=url.username,
-            password=url.password,
-            database=database,
-            scheme=url.scheme.lower(),
-            strategy=take_str(options, "strategy", "table") or "table",
-            pool_size=take_int(options, "pool_size", 10, minimum=1, maximum=1000),
-            poll_min=take_float(options, "poll_min", 0.005, allow_zero=False),
-            poll_max=take_float(options, "poll_max", 0.1, allow_zero=False),
-        )
+        settings = Settings.from_url(url, options)
+        if settings.strategy == "named":
+            from .named import NamedBackend
+
+            # (the scheme's one class builds the strategy's backend: the core only calls it)
+            return cast(Self, NamedBackend(config, settings))
+        return cls(config, settings)
 
     def describe(self) -> str:
-        auth = ""
-        if self.user is not None:
-            auth = self.user + (":***" if self._password else "") + "@"
-        return f"{self._scheme}://{auth}{format_host(self.host, self.port)}/{self.database}"
+        return self.settings.describe()
 
     # -- connections -----------------------------------------------------------------------------
 
     async def _connect(self) -> aiomysql.Connection:
-        conn = await aiomysql.connect(
-            host=self.host,
-            port=self.port,
-            user=self.user,
-            password=self._password,
-            db=self.database,
-            charset="utf8mb4",
-            autocommit=True,
-            connect_timeout=self.config.connect_timeout,
-        )
-        try:
-            async with conn.cursor() as cursor:
-                # UTC: UNIX_TIMESTAMP(NOW(6)) is exact; READ COMMITTED: a missing row takes
-                # no gap lock, and every read sees the last commit; no notes (CREATE TABLE
-                # IF NOT EXISTS of an existing table would cost a SHOW WARNINGS and a
-                # Python warning).
-                wait = max(1, math.ceil(self.config.op_timeout))
-                await cursor.execute(
-                    f"SET time_zone = '+00:00', sql_notes = 0, innodb_lock_wait_timeout = {wait:d}"
-                )
-                await cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return await connect(self.settings, self.config)
 
     async def _call(self, what: str, script: MakeScript, *, write: bool) -> Any:
         """Run one script on a pooled connection, bounded by ``op_timeout``.
@@ -147,7 +71,7 @@ class MySQLBackend(LockTableBackend):
         pool = self._pool
         if pool is None:
             raise ConfigurationError("mysql: the backend is not open")
-        with translate(what, self._secrets):
+        with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
                 stale_ok = True
                 while True:
@@ -179,13 +103,14 @@ class MySQLBackend(LockTableBackend):
     async def open(self, on_lost: LostCallback) -> None:
         if self._pool is not None:
             return
-        self._pool = ConnectionPool(self._connect, self.pool_size)
+        self._pool = ConnectionPool(self._connect, self.settings.pool_size)
         try:
             await self._call("open", self._schema, write=False)
         except BaseException:
             await self.aclose()
             raise
-        self._join_board(("mysql", self.host, self.port, self.database))
+        s = self.settings
+        self._join_board(("mysql", s.host, s.port, s.database))
 
     async def aclose(self) -> None:
         self._leave_board()
