@@ -30,6 +30,7 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     # (~20 s: the whole suite runs it; the fast one runs tests/backends/mysql)
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "mysql-named": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
+    "mysql-row": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
 }
 
 
@@ -78,6 +79,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("mariadb_server").url)
     if backend == "mysql-named":
         return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
+    if backend == "mysql-row":
+        return str(request.getfixturevalue("mariadb_server").url) + "?strategy=row"
     raise AssertionError(backend)
 
 

@@ -15,8 +15,9 @@ from ..._url import ParsedURL, format_host, take_float, take_int, take_str
 __all__ = ["DEFAULT_PORT", "STRATEGIES", "Settings", "connect"]
 
 DEFAULT_PORT = 3306
-#: ``table``: the lock table; ``named``: GET_LOCK on one session per client.
-STRATEGIES = ("table", "named")
+#: ``table``: the lock table; ``named``: GET_LOCK on one session per client; ``row``:
+#: SELECT ... FOR UPDATE in a transaction held open, one connection per holder and waiter.
+STRATEGIES = ("table", "named", "row")
 _USAGE = "'mysql://user:password@host:3306/database'"
 
 

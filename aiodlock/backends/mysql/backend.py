@@ -46,11 +46,15 @@ class MySQLBackend(LockTableBackend):
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
         settings = Settings.from_url(url, options)
+        # (the scheme's one class builds the strategy's backend: the core only calls it)
         if settings.strategy == "named":
             from .named import NamedBackend
 
-            # (the scheme's one class builds the strategy's backend: the core only calls it)
             return cast(Self, NamedBackend(config, settings))
+        if settings.strategy == "row":
+            from .row import RowBackend
+
+            return cast(Self, RowBackend(config, settings))
         return cls(config, settings)
 
     def describe(self) -> str:

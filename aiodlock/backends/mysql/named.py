@@ -5,7 +5,7 @@ restart, a network failure, a KILL) frees every lock of the client at once, so t
 reports them all lost, as a ZooKeeper session's expiry does.  The server compares lock
 names case-insensitively and limits them to 64 characters: the name sent is a hash of the
 namespace and the lock name.  Tokens come from the counter table of the lock table (never
-reset), and ``aiodlock_named`` records who holds what (for ``status``), checked against
+reset), and ``aiodlock_holders`` records who holds what (for ``status``), checked against
 ``IS_USED_LOCK``: a row is believed only while its session holds the lock.
 
 Queries on the holder connection run one at a time, shielded from the caller's
@@ -42,6 +42,7 @@ from ..._url import ParsedURL
 from .._sql import encode_name
 from .._sql_backend import PollingBackend
 from ._dialect import MYSQL
+from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
 from ._pool import is_lost, translate
 from ._settings import Settings, connect
 
@@ -50,31 +51,7 @@ __all__ = ["NamedBackend"]
 T = TypeVar("T")
 log = logging.getLogger("aiodlock")
 
-HOLDERS = "aiodlock_named"
-_COUNTERS = "aiodlock_counters"
-_KEY = "namespace = %s AND name = UNHEX(%s)"
-_BUMP = (
-    f"INSERT INTO {_COUNTERS} (namespace, name, token) VALUES (%s, UNHEX(%s), LAST_INSERT_ID(1)) "
-    "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
-)
-_RECORD = (
-    f"REPLACE INTO {HOLDERS} (namespace, name, owner, token, session) "
-    "VALUES (%s, UNHEX(%s), %s, %s, CONNECTION_ID())"
-)
-_STATUS = f"SELECT owner, token, session, IS_USED_LOCK(%s) FROM {HOLDERS} WHERE {_KEY}"
-
-
-def _holders_ddl() -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {HOLDERS} ("
-        " namespace VARBINARY(64) NOT NULL,"
-        " name VARBINARY(2048) NOT NULL,"
-        " owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,"
-        " token BIGINT NOT NULL,"
-        " session BIGINT NOT NULL,"
-        " PRIMARY KEY (namespace, name)"
-        ") ENGINE=InnoDB"
-    )
+_STATUS = f"SELECT owner, token, session, IS_USED_LOCK(%s) FROM {HOLDERS} WHERE {KEY}"
 
 
 def _server_error(exc: BaseException) -> bool:
@@ -198,9 +175,9 @@ class NamedBackend(PollingBackend):
 
         async def schema(conn: aiomysql.Connection) -> None:
             async with conn.cursor() as cursor:
-                for statement in MYSQL.create_tables("aiodlock_locks", _COUNTERS):
+                for statement in MYSQL.create_tables("aiodlock_locks", COUNTERS):
                     await cursor.execute(statement)
-                await cursor.execute(_holders_ddl())
+                await cursor.execute(holders_ddl())
 
         await self._on_session("open", schema)
         s = self.settings
@@ -240,9 +217,8 @@ class NamedBackend(PollingBackend):
                 if got != 1:
                     return Busy()
                 try:
-                    await cursor.execute(_BUMP, (ns, key))
-                    token = int(cursor.lastrowid)
-                    await cursor.execute(_RECORD, (ns, key, owner, token))
+                    token = await next_token(cursor, ns, key)
+                    await record_holder(cursor, ns, key, owner, token, conn.thread_id())
                 except BaseException:
                     await cursor.execute("SELECT RELEASE_LOCK(%s)", (lock,))
                     raise
