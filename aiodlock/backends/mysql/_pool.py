@@ -138,6 +138,26 @@ class ConnectionPool:
             else:
                 self._idle.append(conn)
 
+    async def run(self, fn: Callable[[aiomysql.Connection, Run], Awaitable[T]]) -> T:
+        """``fn(connection, run)`` on a lent connection; again on another one when an idle
+        connection turned out dead before anything was committed (the server restarted, or
+        closed it), and after a deadlock or a lock wait timeout (rolled back by the server).
+        The caller bounds the time."""
+        stale_ok = True
+        while True:
+            run, reused = Run(), False
+            try:
+                async with self.connection() as (conn, reused):
+                    return await fn(conn, run)
+            except Exception as exc:
+                if reused and stale_ok and is_lost(exc) and not run.committing:
+                    stale_ok = False
+                    continue
+                if is_retryable(exc):
+                    await asyncio.sleep(0.001)
+                    continue
+                raise
+
     async def aclose(self) -> None:
         self.closed = True
         idle, self._idle = self._idle, []

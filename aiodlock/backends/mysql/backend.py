@@ -21,7 +21,7 @@ from ..._url import ParsedURL
 from .._sql import Execute, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from ._dialect import MYSQL
-from ._pool import ConnectionPool, Run, is_lost, is_retryable, run_on, translate
+from ._pool import ConnectionPool, run_on, translate
 from ._settings import Settings, connect
 
 __all__ = ["MySQLBackend"]
@@ -66,31 +66,15 @@ class MySQLBackend(LockTableBackend):
         return await connect(self.settings, self.config)
 
     async def _call(self, what: str, script: MakeScript, *, write: bool) -> Any:
-        """Run one script on a pooled connection, bounded by ``op_timeout``.
-
-        Run again on another connection when an idle one turned out dead before anything
-        was committed (the server restarted), and after a deadlock or a lock wait timeout
-        (rolled back by the server).
-        """
+        """Run one script on a pooled connection, bounded by ``op_timeout``."""
         pool = self._pool
         if pool is None:
             raise ConfigurationError("mysql: the backend is not open")
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
-                stale_ok = True
-                while True:
-                    run, reused = Run(), False
-                    try:
-                        async with pool.connection() as (conn, reused):
-                            return await run_on(conn, script(), write=write, run=run)
-                    except Exception as exc:
-                        if reused and stale_ok and is_lost(exc) and not run.committing:
-                            stale_ok = False
-                            continue
-                        if is_retryable(exc):
-                            await asyncio.sleep(0.001)
-                            continue
-                        raise
+                return await pool.run(
+                    lambda conn, run: run_on(conn, script(), write=write, run=run)
+                )
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
         answer = None

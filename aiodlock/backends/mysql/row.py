@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Self
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Self, TypeVar
 
 import aiomysql
 import pymysql
@@ -41,11 +41,12 @@ from .._base import Backend
 from .._sql import encode_name
 from ._dialect import MYSQL
 from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
-from ._pool import ConnectionPool, is_retryable, translate
+from ._pool import ConnectionPool, Run, is_retryable, translate
 from ._settings import Settings, connect
 
 __all__ = ["RowBackend"]
 
+T = TypeVar("T")
 log = logging.getLogger("aiodlock")
 
 ROWS = "aiodlock_rows"
@@ -91,25 +92,27 @@ class RowBackend(Backend):
     def _key(self, name: str) -> str:
         return encode_name(name).hex()
 
-    @contextlib.asynccontextmanager
-    async def _cursor(self, what: str) -> AsyncIterator[aiomysql.Cursor]:
-        """A cursor on a pooled connection (autocommit) for one short call."""
+    async def _pooled(self, what: str, fn: Callable[[aiomysql.Cursor], Awaitable[T]]) -> T:
+        """``fn(cursor)`` on a pooled connection (autocommit) for one short call."""
         if self._pool is None:
             raise _closed()
-        pool, bound = self._pool, self.config.op_timeout
+
+        async def call(conn: aiomysql.Connection, run: Run) -> T:
+            async with conn.cursor() as cursor:
+                return await fn(cursor)
+
         with translate(what, self.settings.secrets):
-            async with (
-                asyncio.timeout(bound),
-                pool.connection() as (conn, _),
-                conn.cursor() as cursor,
-            ):
-                yield cursor
+            async with asyncio.timeout(self.config.op_timeout):
+                return await self._pool.run(call)
 
     async def _short(self, what: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One statement on a pooled connection."""
-        async with self._cursor(what) as cursor:
+
+        async def one(cursor: aiomysql.Cursor) -> list[Any]:
             await cursor.execute(sql, params)
             return list(await cursor.fetchall())
+
+        return await self._pooled(what, one)
 
     async def open(self, on_lost: LostCallback) -> None:
         if self._pool is not None:
@@ -208,13 +211,14 @@ class RowBackend(Backend):
             await asyncio.shield(self._short("kill", "KILL QUERY %s", (session,)))
 
     async def _register(self, request: Request, session: int) -> int:
-        if self._pool is None:
-            raise _closed()
         ns, key = self.config.namespace, self._key(request.name)
-        async with self._pool.connection() as (conn, _), conn.cursor() as cursor:
+
+        async def register(cursor: aiomysql.Cursor) -> int:
             token = await next_token(cursor, ns, key)
             await record_holder(cursor, ns, key, request.owner, token, session)
-        return token
+            return token
+
+        return await self._pooled("acquire", register)
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
         try:
@@ -291,13 +295,15 @@ class RowBackend(Backend):
         return LockStatus(name, str(owner), int(token), None)
 
     async def _row_locked(self, ns: str, key: str) -> bool:
-        async with self._cursor("status") as cursor:
+        async def locked(cursor: aiomysql.Cursor) -> bool:
             await cursor.connection.begin()
             try:
                 await cursor.execute(f"{_LOCK_ROW} SKIP LOCKED", (ns, key))
                 return not await cursor.fetchall()
             finally:
                 await cursor.connection.rollback()
+
+        return await self._pooled("status", locked)
 
     async def force_release(self, name: str) -> bool:
         ns, key = self.config.namespace, self._key(name)
