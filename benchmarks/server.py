@@ -92,6 +92,13 @@ def zookeeper_server(force_sync: bool) -> contextlib.AbstractContextManager[Any]
     )
 
 
+def mariadb_server() -> contextlib.AbstractContextManager[Any]:
+    """A throw-away MariaDB (a fresh datadir, root without password, database aiodlock_test)."""
+    return temporary_server(
+        "mysql", lambda servers, base: servers.MariaDBServer(base), "aiodlock-bench-mysql-"
+    )
+
+
 def log(message: str) -> None:
     """A progress line on stderr."""
     print(message, file=sys.stderr, flush=True)
