@@ -14,14 +14,15 @@ the backends of one event loop share per database (:class:`~aiodlock._wakeup.Sha
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, TypeVar, cast
 
 from .._types import Busy, Grant, LockStatus, Request, Waiter, monotonic
 from .._wakeup import Backoff, BoardWaiter, SharedBoard, WakeupBoard
 from ._base import Backend
-from ._sql import Granted, LockTable, Script
+from ._sql import Behind, Granted, LockTable, Script
 
 __all__ = ["LockTableBackend", "PollingBackend"]
 
@@ -59,10 +60,17 @@ class PollingBackend(Backend):
         if self._shared is not None:
             self._shared.wake_one(self.board_key(name))
 
-    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        backoff = Backoff(first=self.poll_min, cap=self.poll_max)
+    @contextlib.asynccontextmanager
+    async def _waiting(self, request: Request) -> AsyncIterator[Waiter]:
         board = self.board or WakeupBoard()
-        return BoardWaiter.context(board, self.board_key(request.name), backoff)
+        slot = board.add(self.board_key(request.name), request.owner)  # (tagged: see Behind)
+        try:
+            yield BoardWaiter(slot, Backoff(first=self.poll_min, cap=self.poll_max))
+        finally:
+            board.remove(slot)
+
+    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
+        return self._waiting(request)
 
 
 class LockTableBackend(PollingBackend):
@@ -90,12 +98,28 @@ class LockTableBackend(PollingBackend):
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         started = monotonic()
-        name, owner = request.name, request.owner
-        outcome: Granted | Busy = await self._run(
-            "acquire",
-            lambda: self.table.probe(name, owner),
-            lambda: self.table.attempt(name, owner, request.ttl),
-        )
+        name, owner, ttl = request.name, request.owner, request.ttl
+        outcome: Granted | Busy | Behind
+        if will_wait and (request.fair or request.urgent):
+            # A place in the line of waiters, kept while the waiter polls (it dies with it).
+            request.queued = True
+            keep = max(1.0, 20 * self.poll_max)
+            outcome = await self._write(
+                "acquire", lambda: self.table.attempt(name, owner, ttl, queue=keep)
+            )
+        else:
+            outcome = await self._run(
+                "acquire",
+                lambda: self.table.probe(name, owner),
+                lambda: self.table.attempt(name, owner, ttl),
+            )
+        if isinstance(outcome, Behind):
+            # The name is free for the first in line: if it waits here, a release woke this
+            # owner instead; pass the wake-up on to it.
+            board = self.board
+            if board is not None:
+                board.wake_tagged(self.board_key(name), outcome.head)
+            return Busy()
         if isinstance(outcome, Busy):
             return outcome
         return Grant(name, owner, outcome.token, started + request.ttl)

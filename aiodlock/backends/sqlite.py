@@ -70,6 +70,18 @@ class SQLiteDialect(Dialect):
             " PRIMARY KEY (namespace, name))",
         ]
 
+    def create_line(self, line: str) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {line} ("
+            " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " namespace TEXT NOT NULL,"
+            " name BLOB NOT NULL,"
+            " owner TEXT NOT NULL,"
+            " expires_at INTEGER NOT NULL)",
+            f"CREATE INDEX IF NOT EXISTS {line}_order ON {line} (namespace, name, id)",
+            f"CREATE INDEX IF NOT EXISTS {line}_expiry ON {line} (expires_at)",
+        ]
+
     def bump_counter(self, counters: str) -> str:
         return (
             f"INSERT INTO {counters} (namespace, name, token) VALUES (?, ?, 1) "
@@ -159,7 +171,9 @@ class SQLiteBackend(LockTableBackend):
     """Locks in one SQLite file shared by the processes of one host."""
 
     backend_name = "sqlite"
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+    capabilities = (
+        Capability.FENCING | Capability.CROSS_PROCESS | Capability.FAIR | Capability.URGENT
+    )
 
     def __init__(
         self,

