@@ -123,7 +123,11 @@ async def test_awkward_names_are_separate_locks_stored_exactly(
 
 
 async def test_cancellation_at_random_points_leaves_no_row(
-    client: aiodlock.Client, other: aiodlock.Client, rows: Rows
+    client: aiodlock.Client,
+    other: aiodlock.Client,
+    rows: Rows,
+    mariadb_server: MariaDBServer,
+    namespace: str,
 ) -> None:
     rng = random.Random(7)
     entered = 0
@@ -150,6 +154,9 @@ async def test_cancellation_at_random_points_leaves_no_row(
             await task
         assert [row[2] for row in rows()] == [str(held.token)]
     assert rows() == []
+    # ... and no place in the line of waiters (the waiter had turned urgent: it had one).
+    line = f"SELECT COUNT(*) FROM aiodlock_waiters WHERE namespace = '{namespace}'"
+    assert mariadb_server.sql(line) == [("0",)]
     assert 0 < entered < 40  # cancelled before, during and after the grant
 
 
