@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -68,6 +69,14 @@ _LOCK_ROW = f"SELECT 1 FROM {ROWS} WHERE {KEY} FOR UPDATE"
 _WAIT_CHUNK = 3600
 
 
+@dataclasses.dataclass(slots=True)
+class _Holder:
+    """The connection whose open transaction holds a row lock."""
+
+    conn: aiomysql.Connection
+    gate: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+
 class RowBackend(Backend):
     """Row locks held by open transactions, one connection per holder and per waiter."""
 
@@ -78,7 +87,8 @@ class RowBackend(Backend):
         self.config = config
         self.settings = settings
         self._pool: ConnectionPool | None = None
-        self._holding: dict[tuple[str, str], Grant] = {}  # Grant.data: its connection
+        self._holding: dict[tuple[str, str], Grant] = {}  # Grant.data: its _Holder
+        self._spare: list[aiomysql.Connection] = []  # of holds that ended cleanly
         self._on_lost: LostCallback | None = None
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -139,8 +149,11 @@ class RowBackend(Backend):
             # (a ROLLBACK frees the row now; a closed socket only when the server notices)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.config.op_timeout):
-                    await grant.data.rollback()
-            grant.data.close()
+                    await grant.data.conn.rollback()
+            grant.data.conn.close()
+        spare, self._spare = self._spare, []
+        for conn in spare:
+            conn.close()
         if holding and self._on_lost is not None:
             self._on_lost(holding, "the client was closed while the lock was held")
         pool, self._pool = self._pool, None
@@ -154,9 +167,7 @@ class RowBackend(Backend):
         # (a plain read first: the upsert would queue behind the holder's row lock)
         if not await self._short("acquire", _ROW_EXISTS, (ns, key)):
             await self._short("acquire", _ENSURE_ROW, (ns, key))
-        with translate("acquire", self.settings.secrets):
-            async with asyncio.timeout(self.config.connect_timeout):
-                conn = await connect(self.settings, self.config)
+        conn = await self._holder_connection()
         try:
             with translate("acquire", self.settings.secrets):
                 async with conn.cursor() as cursor:
@@ -175,9 +186,28 @@ class RowBackend(Backend):
             if not conn.closed:
                 conn.close()
             raise
-        grant = Grant(request.name, request.owner, token, None, conn)
+        grant = Grant(request.name, request.owner, token, None, _Holder(conn))
         self._holding[(request.name, request.owner)] = grant
         return grant
+
+    async def _holder_connection(self) -> aiomysql.Connection:
+        """A connection for one holder (or waiter): a spare one that still answers, or a new
+        one (connecting costs several round trips: a hold's is kept for the next one)."""
+        with translate("acquire", self.settings.secrets):
+            while self._spare:
+                conn = self._spare.pop()
+                try:
+                    async with asyncio.timeout(self.config.op_timeout):
+                        await conn.ping(reconnect=False)
+                except Exception:
+                    conn.close()  # (gone while spare: a restart, an idle timeout)
+                    continue
+                except BaseException:
+                    conn.close()
+                    raise
+                return conn
+            async with asyncio.timeout(self.config.connect_timeout):
+                return await connect(self.settings, self.config)
 
     async def _wait_for_row(
         self, cursor: aiomysql.Cursor, params: tuple[Any, ...], deadline: float | None
@@ -241,11 +271,13 @@ class RowBackend(Backend):
                     self._lose(grant, "the connection holding the row lock was lost")
 
     async def _alive(self, grant: Grant) -> bool:
-        conn: aiomysql.Connection = grant.data
+        holder: _Holder = grant.data
+        conn = holder.conn
         try:
-            async with asyncio.timeout(self.config.op_timeout), conn.cursor() as cursor:
-                await cursor.execute("SELECT 1")
-                await cursor.fetchall()
+            # (the gate: one query at a time on the connection)
+            async with holder.gate, asyncio.timeout(self.config.op_timeout), conn.cursor() as c:
+                await c.execute("SELECT 1")
+                await c.fetchall()
         except Exception:
             return False
         return bool(conn.get_transaction_status())
@@ -254,7 +286,7 @@ class RowBackend(Backend):
         if self._holding.get((grant.name, grant.owner)) is not grant:
             return
         del self._holding[(grant.name, grant.owner)]
-        grant.data.close()
+        grant.data.conn.close()
         if self._on_lost is not None:
             self._on_lost([grant], reason)
 
@@ -269,15 +301,20 @@ class RowBackend(Backend):
     async def release(self, grant: Grant) -> bool:
         if self._holding.pop((grant.name, grant.owner), None) is not grant:
             return False
-        conn: aiomysql.Connection = grant.data
+        holder: _Holder = grant.data
+        conn, clean = holder.conn, False
         try:
-            async with asyncio.timeout(self.config.op_timeout):
+            async with holder.gate, asyncio.timeout(self.config.op_timeout):
                 await conn.rollback()  # the row is free
+            clean = True
             return True
         except Exception:
             return False  # the connection was gone: so was the lock, already
         finally:
-            conn.close()
+            if clean and not conn.closed and len(self._spare) < self.settings.pool_size:
+                self._spare.append(conn)
+            else:
+                conn.close()
 
     async def abandon(self, request: Request) -> None:
         grant = self._holding.get((request.name, request.owner))
@@ -314,7 +351,7 @@ class RowBackend(Backend):
             return False
         session = int(rows[0][0])
         for grant in list(self._holding.values()):
-            if grant.name == name and grant.data.thread_id() == session:
+            if grant.name == name and grant.data.conn.thread_id() == session:
                 self._lose(grant, "force-released")
                 return True
         with contextlib.suppress(Exception):  # (1094: that session has ended already)
