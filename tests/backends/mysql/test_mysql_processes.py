@@ -16,12 +16,25 @@ from tests.helpers import HANG, ClientFactory, ServeFactory, read_cycles, worker
 from tests.servers import MariaDBServer
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "table",
+        pytest.param("named", marks=pytest.mark.slow),
+        pytest.param("row", marks=pytest.mark.slow),
+    ],
+)
 async def test_mutual_exclusion_and_token_order_across_processes(
-    tmp_path: Path, mysql_url: str, namespace: str
+    tmp_path: Path, mysql_url: str, namespace: str, strategy: str
 ) -> None:
     log = tmp_path / "log"
     procs, rounds = 3, 10
-    options = (f"namespace={namespace}", "poll_min=0.001", "poll_max=0.005")
+    options = (
+        f"namespace={namespace}",
+        f"strategy={strategy}",
+        "poll_min=0.001",
+        "poll_max=0.005",
+    )
     children = [
         await asyncio.create_subprocess_exec(
             *worker_command("cycles", mysql_url, "shared", str(rounds), str(log), *options),
