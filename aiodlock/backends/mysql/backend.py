@@ -1,21 +1,23 @@
 """``mysql://user:pw@host:3306/db`` (alias ``mariadb://``): the lock table in MySQL/MariaDB.
 
-``strategy="table"`` (the default and, for now, the only one): the lock table of
-:mod:`aiodlock.backends._sql` (one row per held name under the primary key, the owner, the
-expiry on the server's clock, a version for the optimistic take-over of an expired row, and
-a counter table for fencing tokens that is never reset), on InnoDB through ``aiomysql``.
-The core's watchdog renews; a waiter polls, and a release in this process wakes a local
-waiter at once.  See ``docs/backends/mysql.md``.
+``strategy="table"`` (the default): the lock table of :mod:`aiodlock.backends._sql` (one row
+per held name under the primary key, the owner, the expiry on the server's clock, a version
+for the optimistic take-over of an expired row, a counter table for fencing tokens that is
+never reset, and a line of waiters), on InnoDB through ``aiomysql``.  The core's watchdog
+renews; a waiter polls, and a release in this process wakes a local waiter at once.  The
+other strategies are :mod:`.named` (GET_LOCK) and :mod:`.row` (SELECT ... FOR UPDATE);
+:meth:`MySQLBackend.from_url` builds the one the URL asks for.  See
+``docs/backends/mysql.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar, Self, TypeVar, cast
+from typing import Any, ClassVar, Self, cast
 
 import aiomysql
 
-from ..._errors import ConfigurationError
+from ..._errors import BackendError
 from ..._types import Capability, CommonConfig, LostCallback
 from ..._url import ParsedURL
 from .._sql import Execute, LockTable, Script
@@ -25,8 +27,6 @@ from ._pool import ConnectionPool, run_on, translate
 from ._settings import Settings, connect
 
 __all__ = ["MySQLBackend"]
-
-T = TypeVar("T")
 
 
 class MySQLBackend(LockTableBackend):
@@ -71,7 +71,7 @@ class MySQLBackend(LockTableBackend):
         """Run one script on a pooled connection, bounded by ``op_timeout``."""
         pool = self._pool
         if pool is None:
-            raise ConfigurationError("mysql: the backend is not open")
+            raise BackendError("mysql: the client is not open (or was closed)")
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
                 return await pool.run(

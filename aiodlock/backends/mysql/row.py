@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, TypeVar
@@ -48,7 +47,6 @@ from ._settings import Settings, connect
 __all__ = ["RowBackend"]
 
 T = TypeVar("T")
-log = logging.getLogger("aiodlock")
 
 ROWS = "aiodlock_rows"
 _ROWS_DDL = (
