@@ -32,6 +32,8 @@ BUILTIN: dict[str, str] = {
     "postgres": "aiodlock.backends.postgres:PostgresBackend",
     "etcd": "aiodlock.backends.etcd:EtcdBackend",
     "etcds": "aiodlock.backends.etcd:EtcdBackend",
+    "mysql": "aiodlock.backends.mysql:MySQLBackend",
+    "mariadb": "aiodlock.backends.mysql:MySQLBackend",
 }
 
 #: The pip extra that brings a scheme's driver (the scheme's own name where it has one).
@@ -43,6 +45,8 @@ EXTRAS: dict[str, str] = {
     "postgres": "postgres",
     "etcd": "etcd",
     "etcds": "etcd",
+    "mysql": "mysql",
+    "mariadb": "mysql",
 }
 EXTRAS.update(dict.fromkeys([s for s in BUILTIN if s.startswith(("redis", "unix"))], "redis"))
 

@@ -12,6 +12,7 @@ its own (and their min/max ratio), and a verdict against ``TARGET``.
 
     python -m benchmarks.crossprocess --backend redis [--fair]   # 4 x 2 tasks x 100, 1 ms
     python -m benchmarks.crossprocess --backend sqlite --save    # also results/*.json, .md
+    python -m benchmarks.crossprocess --backend mysql-row        # (mysql, mysql-named too)
 
 Servers are fresh, on free loopback ports (``benchmarks/server.py``); SQLite uses a file in
 a temporary directory.
@@ -36,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from .runner import RESULTS_DIR, _loadavg, save_run, side_report_head
-from .server import ROOT, log, redis_masters, redis_server, zookeeper_server
+from .server import ROOT, log, mariadb_server, redis_masters, redis_server, zookeeper_server
 from .stats import summary_ms
 
 __all__ = ["BACKENDS", "TARGET", "analyse", "main", "run"]
 
-BACKENDS = ("sqlite", "redis", "redlock", "zookeeper")
+BACKENDS = ("sqlite", "redis", "redlock", "zookeeper", "mysql", "mysql-named", "mysql-row")
 MIN_SHARE, MAX_WAIT_MS = 0.5, 100.0
 TARGET = (
     "every process has at least half as many acquisitions as the busiest one by the time "
@@ -65,6 +66,13 @@ def backend_url(backend: str, *, force_sync: bool = True) -> Iterator[tuple[str,
         with zookeeper_server(force_sync) as server:
             sync = "yes" if force_sync else "no"
             yield server.url, f"ZooKeeper on {server.address} (standalone, forceSync={sync})"
+    elif backend.startswith("mysql"):
+        strategy = backend.partition("-")[2] or "table"
+        with mariadb_server() as server:
+            yield (
+                f"{server.url}?strategy={strategy}",
+                f"MariaDB on {server.address} (loopback), strategy={strategy}",
+            )
     else:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
 

@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "etcd_server",
     "log",
+    "mariadb_server",
     "redis_masters",
     "redis_server",
     "servers_module",
@@ -101,6 +102,13 @@ def etcd_server(tmpfs: bool) -> contextlib.AbstractContextManager[Any]:
     parent = "/dev/shm" if tmpfs and Path("/dev/shm").is_dir() else None
     return temporary_server(
         "etcd", lambda servers, base: servers.EtcdServer(base), "aiodlock-bench-etcd-", parent
+    )
+
+
+def mariadb_server() -> contextlib.AbstractContextManager[Any]:
+    """A throw-away MariaDB (a fresh datadir, root without password, database aiodlock_test)."""
+    return temporary_server(
+        "mysql", lambda servers, base: servers.MariaDBServer(base), "aiodlock-bench-mysql-"
     )
 
 

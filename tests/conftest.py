@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import pytest
 
 import aiodlock
-from tests.helpers import ClientFactory, open_clients
+from tests.helpers import ClientFactory, ServeFactory, open_clients, serving
 from tests.servers import (
     ClusterDeployment,
     EtcdCluster,
@@ -324,3 +324,10 @@ async def make_client(
 @pytest.fixture
 async def client(make_client: ClientFactory) -> aiodlock.Client:
     return await make_client()
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
+    """``await serve(url, name, "option=value", ...)``: a worker process in serve mode."""
+    async with serving(tmp_path) as start:
+        yield start

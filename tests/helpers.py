@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import anyio
 import pytest
 
 import aiodlock
@@ -55,6 +56,53 @@ def read_cycles(log: Path) -> list[Cycle]:
     rows = [line.split() for line in log.read_text().splitlines()]
     cycles = [Cycle(int(t), int(p), float(e), float(lf), st) for t, p, e, lf, st in rows]
     return sorted(cycles, key=lambda c: c.entered)
+
+
+class Serving:
+    """A worker process in ``serve`` mode, driven line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def ask(self, command: str, expect: str, timeout: float = 30) -> str:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(f"{command}\n".encode())
+        await self.proc.stdin.drain()
+        with anyio.fail_after(timeout):
+            line = (await self.proc.stdout.readline()).decode().strip()
+        word, _, value = line.partition(" ")
+        assert word == expect, line
+        return value
+
+
+#: ``await serve(url, name, "option=value", ...)`` (the ``serve`` fixture of tests/conftest.py)
+ServeFactory = Callable[..., Awaitable[Serving]]
+
+
+@contextlib.asynccontextmanager
+async def serving(cwd: Path) -> AsyncIterator[ServeFactory]:
+    """A :data:`ServeFactory` whose worker processes are killed on exit."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(url: str, name: str, *options: str) -> Serving:
+        proc = await asyncio.create_subprocess_exec(
+            *worker_command("serve", url, name, *options),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=worker_env(),
+        )
+        procs.append(proc)
+        return Serving(proc)
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
 
 
 class ClientFactory(Protocol):

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from .._types import Busy
 
 __all__ = [
+    "Behind",
     "Dialect",
     "Execute",
     "Fetch",
@@ -68,6 +69,13 @@ class Granted:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Behind:
+    """Busy: the name is free, but ``head`` is first in the line of waiters."""
+
+    head: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Held:
     """A live row, as :meth:`LockTable.status` reads it."""
 
@@ -100,17 +108,29 @@ class Dialect:
     now_sql: str | None = None
     #: How many expired rows one grant deletes at most (keeps every write short).
     sweep_limit: int = 64
+    #: The SQL expression a name's parameter stands in (e.g. ``"UNHEX(?)"``).
+    name_sql: str = "?"
+
+    def name_param(self, key: bytes) -> Any:
+        """The parameter sent for a name's stored bytes (``name_sql`` turns it back)."""
+        return key
 
     def create_tables(self, locks: str, counters: str) -> list[str]:
         """Idempotent DDL for both tables and the expiry index."""
         raise NotImplementedError
 
     def bump_counter(self, counters: str) -> str:
-        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)."""
+        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)
+        (the name's placeholder written as :attr:`name_sql`)."""
         raise NotImplementedError
 
     def sweep_expired(self, locks: str) -> str:
         """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?``; params (now,)."""
+        raise NotImplementedError
+
+    def create_line(self, line: str) -> list[str]:
+        """Idempotent DDL of the line of waiters: ``id`` (increasing with every insert),
+        namespace, name, owner, expires_at; unique (namespace, name, owner)."""
         raise NotImplementedError
 
 
@@ -140,22 +160,25 @@ class LockTable:
         *,
         locks: str = "aiodlock_locks",
         counters: str = "aiodlock_counters",
+        line: str = "aiodlock_waiters",
     ) -> None:
-        for table in (locks, counters):
+        for table in (locks, counters, line):
             if not _IDENT.match(table):
                 raise ValueError(f"bad SQL table name {table!r}")
         self.dialect = dialect
         self.namespace = namespace
         self.locks = locks
         self.counters = counters
+        self.line = line
         q = self._render
         cols = "owner, token, expires_at, version"
-        key = "namespace = ? AND name = ?"
+        n = dialect.name_sql
+        key = f"namespace = ? AND name = {n}"
         self._select = q(f"SELECT {cols} FROM {locks} WHERE {key}")
         self._select_for_update = q(f"SELECT {cols} FROM {locks} WHERE {key}{dialect.for_update}")
         self._insert = q(
             f"INSERT INTO {locks} (namespace, name, owner, token, expires_at, version) "
-            f"VALUES (?, ?, ?, ?, ?, 1)"
+            f"VALUES (?, {n}, ?, ?, ?, 1)"
         )
         self._take_over = q(
             f"UPDATE {locks} SET owner = ?, token = ?, expires_at = ?, version = version + 1 "
@@ -177,6 +200,16 @@ class LockTable:
         self._read_counter = q(f"SELECT token FROM {counters} WHERE {key}")
         self._sweep = q(dialect.sweep_expired(locks))
         self._now = q(dialect.now_sql) if dialect.now_sql else None
+        self._head = q(
+            f"SELECT owner FROM {line} WHERE {key} AND expires_at > ? ORDER BY id LIMIT 1"
+        )
+        self._join = q(
+            f"INSERT INTO {line} (namespace, name, owner, expires_at) VALUES (?, {n}, ?, ?)"
+        )
+        self._stay = q(f"UPDATE {line} SET expires_at = ? WHERE {key} AND owner = ?")
+        self._leave = q(f"DELETE FROM {line} WHERE {key} AND owner = ?")
+        self._in_line = q(f"SELECT 1 FROM {line} WHERE {key} AND owner = ?")
+        self._sweep_line = q(dialect.sweep_expired(line))
 
     def _render(self, sql: str) -> str:
         placeholder = self.dialect.placeholder
@@ -184,7 +217,9 @@ class LockTable:
 
     def schema(self) -> list[str]:
         """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
-        return [self._render(s) for s in self.dialect.create_tables(self.locks, self.counters)]
+        ddl = [*self.dialect.create_tables(self.locks, self.counters)]
+        ddl += self.dialect.create_line(self.line)
+        return [self._render(s) for s in ddl]
 
     def now(self) -> Script[int]:
         """Server time in microseconds (without ``now_sql``: the local wall clock)."""
@@ -193,7 +228,10 @@ class LockTable:
         rows = yield Fetch(self._now, ())
         return int(rows[0][0])
 
-    def _next_token(self, key: bytes) -> Script[int]:
+    def _key(self, name: str) -> Any:
+        return self.dialect.name_param(encode_name(name))
+
+    def _next_token(self, key: Any) -> Script[int]:
         yield Execute(self._bump, (self.namespace, key))
         rows = yield Fetch(self._read_counter, (self.namespace, key))
         return int(rows[0][0])
@@ -201,14 +239,32 @@ class LockTable:
     def probe(self, name: str, owner: str) -> Script[Busy | None]:
         """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None`` (a
         poll that costs no write lock; only ``None`` is worth an :meth:`attempt`)."""
-        held = yield from self.status(name)
-        return Busy(held.expires_in) if held is not None and held.owner != owner else None
+        now = yield from self.now()
+        held = yield from self._held_at(name, now)
+        if held is not None:
+            return Busy(held.expires_in) if held.owner != owner else None
+        # Nobody barges past the line: a free name with waiters in line is theirs.
+        head = yield Fetch(self._head, (self.namespace, self._key(name), now))
+        return Busy() if head and head[0][0] != owner else None
 
-    def attempt(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy]:
-        """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds."""
-        ns, key = self.namespace, encode_name(name)
+    def attempt(
+        self, name: str, owner: str, ttl: float, *, queue: float | None = None
+    ) -> Script[Granted | Busy | Behind]:
+        """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds.
+
+        ``queue``: the owner takes (or keeps) a place in the line of waiters for ``queue``
+        seconds (a fair or urgent waiter; only the first live one in line may take a free
+        name, and it leaves the line when it does); ``None``: a plain attempt (the
+        :meth:`probe` before it keeps it from barging past the line).
+        """
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         expires_at = now + _micros(ttl)
+        if queue is not None:
+            stay = now + _micros(queue)
+            placed = yield Execute(self._stay, (stay, ns, key, owner))
+            if not placed:
+                yield Execute(self._join, (ns, key, owner, stay))
         rows = yield Fetch(self._select_for_update, (ns, key))
         if rows:
             holder, holder_token, holder_expires, version = rows[0]
@@ -222,6 +278,10 @@ class LockTable:
                     return Busy(None)
                 return Granted(int(holder_token), refreshed=True)
         # Free, or expired (even if it was ours: a new holding after a gap gets a new token).
+        if queue is not None:
+            head = yield Fetch(self._head, (ns, key, now))
+            if head and head[0][0] != owner:
+                return Behind(str(head[0][0]))
         token = yield from self._next_token(key)
         if rows:
             changed = yield Execute(self._take_over, (owner, token, expires_at, ns, key, version))
@@ -229,6 +289,9 @@ class LockTable:
             changed = yield Execute(self._insert, (ns, key, owner, token, expires_at))
         if changed != 1:  # pragma: no cover - another won the take-over (or INSERT IGNORE)
             return Busy(None)
+        if queue is not None:
+            yield Execute(self._leave, (ns, key, owner))
+            yield Execute(self._sweep_line, (now,))  # (waiters that died without leaving)
         # Rows of dead holders are taken over by the next attempt on their name; this keeps
         # the table from filling up with names nobody asks for again.
         yield Execute(self._sweep, (now,))
@@ -241,14 +304,14 @@ class LockTable:
         results: list[bool] = []
         for name, owner, token in items:
             changed = yield Execute(
-                self._renew, (expires_at, self.namespace, encode_name(name), owner, token, now)
+                self._renew, (expires_at, self.namespace, self._key(name), owner, token, now)
             )
             results.append(changed == 1)
         return results
 
     def release(self, name: str, owner: str, token: int) -> Script[bool]:
         """WRITE: compare-and-delete; True if the row was ours AND still live."""
-        ns, key = self.namespace, encode_name(name)
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         rows = yield Fetch(self._select_for_update, (ns, key))
         if not rows:
@@ -262,17 +325,24 @@ class LockTable:
     def left_nothing(self, name: str, owner: str) -> Script[bool | None]:
         """READ: ``False`` when ``owner`` has no row for ``name`` (nothing to abandon), else
         ``None``: :meth:`abandon` must run."""
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
-        return None if rows and rows[0][0] == owner else False
+        ns, key = self.namespace, self._key(name)
+        rows = yield Fetch(self._select, (ns, key))
+        if rows and rows[0][0] == owner:
+            return None
+        placed = yield Fetch(self._in_line, (ns, key, owner))
+        return None if placed else False
 
     def abandon(self, name: str, owner: str) -> Script[bool]:
-        """WRITE: delete ``name``'s row if ``owner`` holds it (any token); True if deleted."""
-        deleted = yield Execute(self._delete_owner, (self.namespace, encode_name(name), owner))
-        return bool(deleted)
+        """WRITE: delete ``name``'s row if ``owner`` holds it (any token), and its place in
+        line; True if the row or the place was deleted (the next waiter may go)."""
+        ns, key = self.namespace, self._key(name)
+        deleted = yield Execute(self._delete_owner, (ns, key, owner))
+        left = yield Execute(self._leave, (ns, key, owner))
+        return bool(deleted or left)
 
     def force_release(self, name: str) -> Script[bool]:
         """WRITE: delete ``name``'s row whoever holds it; True if a LIVE row was deleted."""
-        ns, key = self.namespace, encode_name(name)
+        ns, key = self.namespace, self._key(name)
         now = yield from self.now()
         live = yield Execute(self._delete_live, (ns, key, now))
         yield Execute(self._delete_any, (ns, key))
@@ -281,7 +351,10 @@ class LockTable:
     def status(self, name: str) -> Script[Held | None]:
         """READ: the live holder of ``name`` or ``None`` (an expired row counts as free)."""
         now = yield from self.now()
-        rows = yield Fetch(self._select, (self.namespace, encode_name(name)))
+        return (yield from self._held_at(name, now))
+
+    def _held_at(self, name: str, now: int) -> Script[Held | None]:
+        rows = yield Fetch(self._select, (self.namespace, self._key(name)))
         if not rows:
             return None
         owner, token, expires_at, _version = rows[0]

@@ -17,8 +17,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator
 from typing import Any, Self, TypeVar
 
 import anyio
@@ -26,20 +25,14 @@ import anyio.to_thread
 
 from .._errors import BackendError, BackendTimeout, ConfigurationError, translating
 from .._types import (
-    Busy,
     Capability,
     CommonConfig,
-    Grant,
-    LockStatus,
     LostCallback,
-    Request,
-    Waiter,
     monotonic,
 )
 from .._url import ParsedURL, sqlite_url, take_float, take_str
-from .._wakeup import Backoff, BoardWaiter, SharedBoard, WakeupBoard
-from ._base import Backend
-from ._sql import Dialect, Granted, LockTable, Script, run_script
+from ._sql import Dialect, LockTable, Script, run_script
+from ._sql_backend import LockTableBackend, MakeScript
 
 __all__ = ["SQLiteBackend", "SQLiteDialect"]
 
@@ -75,6 +68,18 @@ class SQLiteDialect(Dialect):
             " name BLOB NOT NULL,"
             " token INTEGER NOT NULL,"
             " PRIMARY KEY (namespace, name))",
+        ]
+
+    def create_line(self, line: str) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {line} ("
+            " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " namespace TEXT NOT NULL,"
+            " name BLOB NOT NULL,"
+            " owner TEXT NOT NULL,"
+            " expires_at INTEGER NOT NULL)",
+            f"CREATE INDEX IF NOT EXISTS {line}_order ON {line} (namespace, name, id)",
+            f"CREATE INDEX IF NOT EXISTS {line}_expiry ON {line} (expires_at)",
         ]
 
     def bump_counter(self, counters: str) -> str:
@@ -158,11 +163,17 @@ def _read_first(read: Callable[[], Script[T | None]], write: Callable[[], Script
     return body
 
 
-class SQLiteBackend(Backend):
+def _nothing(conn: sqlite3.Connection, job: _Job) -> None:
+    return None
+
+
+class SQLiteBackend(LockTableBackend):
     """Locks in one SQLite file shared by the processes of one host."""
 
     backend_name = "sqlite"
-    capabilities = Capability.FENCING | Capability.CROSS_PROCESS
+    capabilities = (
+        Capability.FENCING | Capability.CROSS_PROCESS | Capability.FAIR | Capability.URGENT
+    )
 
     def __init__(
         self,
@@ -195,7 +206,6 @@ class SQLiteBackend(Backend):
         self._conn: sqlite3.Connection | None = None
         self._thread_lock = threading.Lock()
         self._gate: anyio.Lock | None = None
-        self._shared: SharedBoard | None = None
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -289,8 +299,14 @@ class SQLiteBackend(Backend):
                     raise
                 return result
 
-    async def _write(self, make_script: Callable[[], Script[T]], what: str) -> T:
-        return await self._call(_transaction(make_script, write=True), what)
+    async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
+        if read is None:
+            body: Body[Any] = _transaction(write, write=True) if write else _nothing
+        elif write is None:
+            body = _transaction(read, write=False)
+        else:
+            body = _read_first(read, write)
+        return await self._call(body, what)
 
     def _connect(self) -> sqlite3.Connection:
         directory = os.path.dirname(self.path)
@@ -347,12 +363,10 @@ class SQLiteBackend(Backend):
                 self.describe(),
                 mode,
             )
-        self._shared = SharedBoard.join(("sqlite", file_id))
+        self._join_board(("sqlite", file_id))
 
     async def aclose(self) -> None:
-        if self._shared is not None:
-            self._shared.leave()
-            self._shared = None
+        self._leave_board()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -363,76 +377,3 @@ class SQLiteBackend(Backend):
 
         with self._translate("close"):
             await anyio.to_thread.run_sync(close, abandon_on_cancel=True)
-
-    @property
-    def board(self) -> WakeupBoard | None:
-        """The local waiters of this database file (shared by this loop's backends)."""
-        return self._shared.board if self._shared is not None else None
-
-    def board_key(self, name: str) -> str:
-        """The key of ``name`` on :attr:`board` (a namespace has no NUL: unambiguous)."""
-        return f"{self.config.namespace}\0{name}"
-
-    def _wake_one(self, name: str) -> None:
-        if self._shared is not None:
-            self._shared.wake_one(self.board_key(name))
-
-    def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        backoff = Backoff(first=self.poll_min, cap=self.poll_max)
-        board = self.board or WakeupBoard()
-        return BoardWaiter.context(board, self.board_key(request.name), backoff)
-
-    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        started = monotonic()
-        name, owner = request.name, request.owner
-        outcome: Granted | Busy = await self._call(
-            _read_first(
-                lambda: self.table.probe(name, owner),
-                lambda: self.table.attempt(name, owner, request.ttl),
-            ),
-            "acquire",
-        )
-        if isinstance(outcome, Busy):
-            return outcome
-        return Grant(name, owner, outcome.token, started + request.ttl)
-
-    async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
-        if not grants:
-            return []
-        items = [(g.name, g.owner, g.token) for g in grants]
-        started = monotonic()
-        renewed = await self._write(lambda: self.table.renew(items, ttl), "renew")
-        return [started + ttl if ok else None for ok in renewed]
-
-    async def release(self, grant: Grant) -> bool:
-        released = await self._write(
-            lambda: self.table.release(grant.name, grant.owner, grant.token), "release"
-        )
-        self._wake_one(grant.name)  # even if the row had expired: the name is free now
-        return released
-
-    async def abandon(self, request: Request) -> None:
-        # NOTE: the interrupted call ran (or never started) before this job: it held
-        # _thread_lock.  The read first lets an attempt that was not granted leave at once,
-        # even while the database is busy.
-        name, owner = request.name, request.owner
-        deleted = await self._call(
-            _read_first(
-                lambda: self.table.left_nothing(name, owner),
-                lambda: self.table.abandon(name, owner),
-            ),
-            "abandon",
-        )
-        if deleted:
-            self._wake_one(name)
-
-    async def status(self, name: str) -> LockStatus | None:
-        held = await self._call(
-            _transaction(lambda: self.table.status(name), write=False), "status"
-        )
-        return None if held is None else LockStatus(name, held.owner, held.token, held.expires_in)
-
-    async def force_release(self, name: str) -> bool:
-        released = await self._write(lambda: self.table.force_release(name), "force_release")
-        self._wake_one(name)
-        return released

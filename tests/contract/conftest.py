@@ -26,10 +26,11 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "redis-cluster": ("aiodlock.backends.redis", (pytest.mark.redis, pytest.mark.slow)),
     "redlock": ("aiodlock.backends.redis", (pytest.mark.redis,)),
     "zookeeper": ("aiodlock.backends.zookeeper", (pytest.mark.zookeeper,)),
-    # (about 20 s: the fast suite runs tests/backends/etcd, the whole suite the contract)
+    # (about 20 s each: the fast suite runs tests/backends/<name>, the whole suite the contract)
     "etcd": ("aiodlock.backends.etcd", (pytest.mark.etcd, pytest.mark.slow)),
-    "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql,)),
-    # (~20 s: the whole suite runs it, the fast one runs tests/backends/postgres)
+    "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
+    "mysql-named": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
+    "mysql-row": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
@@ -79,6 +80,10 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("mariadb_server").url)
     if backend == "postgres":
         return str(request.getfixturevalue("postgres_server").url)
+    if backend == "mysql-named":
+        return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
+    if backend == "mysql-row":
+        return str(request.getfixturevalue("mariadb_server").url) + "?strategy=row"
     raise AssertionError(backend)
 
 

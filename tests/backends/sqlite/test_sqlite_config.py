@@ -88,12 +88,13 @@ def test_options_from_the_query_string(tmp_path: Path) -> None:
     assert backend_of(capped).busy_timeout == 2
 
 
-def test_fair_locks_are_unsupported(tmp_path: Path) -> None:
+def test_fair_locks_and_the_starvation_bound_are_supported(tmp_path: Path) -> None:
+    # (the order itself: tests/contract's test_fair_locks_grant_in_request_order)
     client = aiodlock.connect(f"sqlite:///{tmp_path}/x.db")
-    assert not SQLiteBackend.capabilities & Capability.FAIR
-    with pytest.raises(aiodlock.Unsupported):
-        client.lock("a", fair=True)
-    client.lock("a", fair=False)  # fine
+    assert SQLiteBackend.capabilities & Capability.FAIR
+    assert SQLiteBackend.capabilities & Capability.URGENT
+    client.lock("a", fair=True)
+    client.lock("a", fair=False)
 
 
 async def test_default_url_honours_xdg_cache_home(

@@ -6,60 +6,15 @@ import asyncio
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
 import aiodlock
-from tests.helpers import read_cycles, worker_command, worker_env
+from tests.helpers import ServeFactory, read_cycles, worker_command, worker_env
 
 from .sqlite_helpers import ClientFactory, backend_of
-
-
-class Serving:
-    """A worker process in ``serve`` mode, driven line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    async def ask(self, command: str, expect: str, timeout: float = 30) -> str:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(f"{command}\n".encode())
-        await self.proc.stdin.drain()
-        with anyio.fail_after(timeout):
-            line = (await self.proc.stdout.readline()).decode().strip()
-        word, _, value = line.partition(" ")
-        assert word == expect, line
-        return value
-
-
-ServeFactory = Callable[..., Awaitable[Serving]]
-
-
-@pytest.fixture
-async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
-    """``await serve(url, name, "option=value", ...)``: a worker process in serve mode."""
-    procs: list[asyncio.subprocess.Process] = []
-
-    async def start(url: str, name: str, *options: str) -> Serving:
-        proc = await asyncio.create_subprocess_exec(
-            *worker_command("serve", url, name, *options),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env=worker_env(),
-        )
-        procs.append(proc)
-        return Serving(proc)
-
-    yield start
-    for proc in procs:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 async def test_mutual_exclusion_and_token_order_across_processes(

@@ -121,9 +121,14 @@ class _FormatDialect(Dialect):
     def sweep_expired(self, locks: str) -> str:
         return f"DELETE FROM {locks} WHERE expires_at < ? LIMIT {self.sweep_limit}"
 
+    def create_line(self, line: str) -> list[str]:
+        return [f"CREATE TABLE {line} (z)"]
+
 
 def test_a_second_dialect_shapes_every_statement() -> None:
-    table = LockTable(_FormatDialect(), "ns", locks="my_locks", counters="my_counters")
+    table = LockTable(
+        _FormatDialect(), "ns", locks="my_locks", counters="my_counters", line="my_line"
+    )
     script = table.attempt("n", "a", 1.5)
     first = script.send(None)
     assert first.sql == "SELECT server_micros()"  # the server clock, not the local one
@@ -145,7 +150,11 @@ def test_a_second_dialect_shapes_every_statement() -> None:
     with pytest.raises(StopIteration) as done:
         script.send(0)
     assert done.value.value == Granted(7)
-    assert table.schema() == ["CREATE TABLE my_locks (x)", "CREATE TABLE my_counters (y)"]
+    assert table.schema() == [
+        "CREATE TABLE my_locks (x)",
+        "CREATE TABLE my_counters (y)",
+        "CREATE TABLE my_line (z)",
+    ]
 
 
 def test_table_names_are_checked() -> None:

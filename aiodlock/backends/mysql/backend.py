@@ -1,0 +1,109 @@
+"""``mysql://user:pw@host:3306/db`` (alias ``mariadb://``): the lock table in MySQL/MariaDB.
+
+``strategy="table"`` (the default): the lock table of :mod:`aiodlock.backends._sql` (one row
+per held name under the primary key, the owner, the expiry on the server's clock, a version
+for the optimistic take-over of an expired row, a counter table for fencing tokens that is
+never reset, and a line of waiters), on InnoDB through ``aiomysql``.  The core's watchdog
+renews; a waiter polls, and a release in this process wakes a local waiter at once.  The
+other strategies are :mod:`.named` (GET_LOCK) and :mod:`.row` (SELECT ... FOR UPDATE);
+:meth:`MySQLBackend.from_url` builds the one the URL asks for.  See
+``docs/backends/mysql.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar, Self, cast
+
+import aiomysql
+
+from ..._errors import BackendError
+from ..._types import Capability, CommonConfig, LostCallback
+from ..._url import ParsedURL
+from .._sql import Execute, LockTable, Script
+from .._sql_backend import LockTableBackend, MakeScript
+from ._dialect import MYSQL
+from ._pool import ConnectionPool, run_on, translate
+from ._settings import Settings, connect
+
+__all__ = ["MySQLBackend"]
+
+
+class MySQLBackend(LockTableBackend):
+    """Locks as rows of a table in a MySQL or MariaDB database."""
+
+    backend_name = "mysql"
+    capabilities = (
+        Capability.FENCING | Capability.CROSS_PROCESS | Capability.FAIR | Capability.URGENT
+    )
+    abandon_reads_first: ClassVar[bool] = False
+
+    def __init__(self, config: CommonConfig, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.poll_min, self.poll_max = settings.poll_min, settings.poll_max
+        self.table = LockTable(MYSQL, config.namespace)
+        self._pool: ConnectionPool | None = None
+
+    @classmethod
+    def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
+        settings = Settings.from_url(url, options)
+        # (the scheme's one class builds the strategy's backend: the core only calls it)
+        if settings.strategy == "named":
+            from .named import NamedBackend
+
+            return cast(Self, NamedBackend(config, settings))
+        if settings.strategy == "row":
+            from .row import RowBackend
+
+            return cast(Self, RowBackend(config, settings))
+        return cls(config, settings)
+
+    def describe(self) -> str:
+        return self.settings.describe()
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _connect(self) -> aiomysql.Connection:
+        return await connect(self.settings, self.config)
+
+    async def _call(self, what: str, script: MakeScript, *, write: bool) -> Any:
+        """Run one script on a pooled connection, bounded by ``op_timeout``."""
+        pool = self._pool
+        if pool is None:
+            raise BackendError("mysql: the client is not open (or was closed)")
+        with translate(what, self.settings.secrets):
+            async with asyncio.timeout(self.config.op_timeout):
+                return await pool.run(
+                    lambda conn, run: run_on(conn, script(), write=write, run=run)
+                )
+
+    async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
+        answer = None
+        if read is not None:
+            answer = await self._call(what, read, write=False)
+        if write is not None and answer is None:
+            answer = await self._call(what, write, write=True)
+        return answer
+
+    def _schema(self) -> Script[None]:
+        for statement in self.table.schema():
+            yield Execute(statement, ())
+
+    async def open(self, on_lost: LostCallback) -> None:
+        if self._pool is not None:
+            return
+        self._pool = ConnectionPool(self._connect, self.settings.pool_size)
+        try:
+            await self._call("open", self._schema, write=False)
+        except BaseException:
+            await self.aclose()
+            raise
+        s = self.settings
+        self._join_board(("mysql", s.host, s.port, s.database))
+
+    async def aclose(self) -> None:
+        self._leave_board()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
