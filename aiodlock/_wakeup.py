@@ -1,5 +1,6 @@
-"""Layer 1: what a waiting task sleeps on, :class:`Reservations`, :class:`InFlight` and THE
-one-timer mechanism (:class:`Timer`)."""
+"""Layer 1: what a waiting task sleeps on, :class:`Reservations`, :class:`InFlight`, THE
+one-timer mechanism (:class:`Timer`) and a session-bound backend's keep-alive
+(:class:`Heartbeat`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import dataclasses
 import random
 import threading
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
 from typing import ClassVar
 
 import anyio
@@ -18,6 +19,7 @@ from ._types import Waiter, monotonic
 __all__ = [
     "Backoff",
     "BoardWaiter",
+    "Heartbeat",
     "InFlight",
     "Reservations",
     "SharedBoard",
@@ -292,6 +294,44 @@ class Timer:
         when = self.due(monotonic())
         if when is not None:
             self.at(when)
+
+
+class Heartbeat:
+    """A session-bound backend's keep-alive: ONE task that sleeps, calls ``beat()`` and sleeps
+    the seconds it returns, until it returns None or :meth:`stop`.  What a failed beat means
+    (a retry sooner, a lost session) is the backend's protocol: ``beat`` handles it."""
+
+    __slots__ = ("_beat", "_name", "_task")
+
+    def __init__(self, beat: Callable[[], Awaitable[float | None]], name: str) -> None:
+        self._beat, self._name = beat, name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, delay: float) -> None:
+        """The first beat after ``delay`` seconds (a running heartbeat goes on as it was)."""
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(delay), name=self._name)
+
+    def stop(self) -> None:
+        """No more beats (a beat under way is cancelled, unless it is the caller)."""
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """:meth:`stop`, and wait until the task has ended."""
+        task = self._task
+        self.stop()
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _run(self, delay: float | None) -> None:
+        me = asyncio.current_task()
+        while delay is not None and self._task is me:
+            await asyncio.sleep(max(0.0, delay))
+            delay = await self._beat()
 
 
 class SharedBoard:

@@ -33,6 +33,7 @@ from etcd3aio import (
 
 from ..._errors import BackendError, ConfigurationError, translating
 from ..._types import CommonConfig, monotonic
+from ..._wakeup import Heartbeat
 
 log = logging.getLogger("aiodlock.etcd")
 
@@ -91,7 +92,7 @@ class Session:
         #: The lease in force (0: none yet, or the last one was lost) and its grant on its way.
         self.lease = 0
         self._granting: asyncio.Task[int] | None = None
-        self._keeper: asyncio.Task[None] | None = None
+        self._keeper: Heartbeat | None = None
         self.closed = False
 
     def translate(self, what: str) -> contextlib.AbstractContextManager[None]:
@@ -117,11 +118,12 @@ class Session:
     async def close(self) -> None:
         """Revoke the lease (its keys go at once) and disconnect."""
         self.closed = True
-        for task in (self._keeper, self._granting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        if self._keeper is not None:
+            await self._keeper.aclose()
+        if self._granting is not None:
+            self._granting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._granting
         lease, self.lease = self.lease, 0
         client, self.client = self.client, None
         if client is None:
@@ -170,37 +172,41 @@ class Session:
         with self.translate("grant a lease"):
             reply = await lease.grant(self.ttl, timeout=self.config.op_timeout)
         self.lease = reply.ID
-        self._keeper = asyncio.get_running_loop().create_task(
-            self._keep_alive(reply.ID, sent + reply.TTL), name=f"aiodlock:etcd-lease-{reply.ID:x}"
-        )
+        self._keeper = self._keep_alive(reply.ID, sent + reply.TTL)
         return int(reply.ID)
 
-    async def _keep_alive(self, lease_id: int, deadline: float) -> None:
+    def _keep_alive(self, lease_id: int, deadline: float) -> Heartbeat:
         """Refresh the lease every third of its TTL; lose it when the deadline passes."""
-        due = monotonic() + self.ttl / 3
         failing = False
-        while True:
-            await asyncio.sleep(max(0.0, min(due, deadline) - monotonic()))
+
+        def until(due: float) -> float:
+            return max(0.0, min(due, deadline) - monotonic())
+
+        async def beat() -> float | None:
+            nonlocal deadline, failing
             sent = monotonic()
             if sent >= deadline:
                 self.lose(lease_id, f"no keep-alive of the lease answered within {self.ttl} s")
-                return
+                return None
             try:
                 async with asyncio.timeout(min(self.config.op_timeout, deadline - sent)):
                     ttl = await self._refresh(lease_id)
             except (TimeoutError, EtcdError, grpc.aio.AioRpcError, OSError) as exc:
                 log.debug("etcd: keep-alive of lease %x failed: %r", lease_id, exc)
-                due = monotonic() + min(self.ttl * RETRY_SHARE, 0.5)
                 failing = True
-                continue
+                return until(monotonic() + min(self.ttl * RETRY_SHARE, 0.5))
             if failing:
                 failing = False
                 self._on_back()  # (the clean-ups left to the background can go on now)
             if ttl <= 0:
                 self.lose(lease_id, "the lease was revoked or had expired on the server")
-                return
+                return None
             deadline = sent + ttl
-            due = sent + ttl / 3
+            return until(sent + ttl / 3)
+
+        keeper = Heartbeat(beat, f"aiodlock:etcd-lease-{lease_id:x}")
+        keeper.start(until(monotonic() + self.ttl / 3))
+        return keeper
 
     async def _refresh(self, lease_id: int) -> int:
         """One keep-alive round trip: the TTL the server gave the lease (<= 0: it is gone)."""
@@ -220,8 +226,8 @@ class Session:
             return
         self.lease = 0
         keeper, self._keeper = self._keeper, None
-        if keeper is not None and keeper is not asyncio.current_task():
-            keeper.cancel()
+        if keeper is not None:
+            keeper.stop()
         log.warning("etcd: lease %x lost: %s", lease_id, reason)
         self._on_lost(lease_id, reason)
 

@@ -39,6 +39,7 @@ from ..._types import (
     monotonic,
 )
 from ..._url import ParsedURL
+from ..._wakeup import Heartbeat
 from .._sql import encode_name
 from .._sql_backend import PollingBackend
 from ._dialect import MYSQL
@@ -86,7 +87,8 @@ class NamedBackend(PollingBackend):
         self._gate: asyncio.Lock | None = None
         self._held: dict[str, Grant] = {}
         self._on_lost: LostCallback | None = None
-        self._keepalive: asyncio.Task[None] | None = None
+        self._interval = max(0.05, min(config.watchdog_ttl / 3, 10.0))
+        self._heartbeat = Heartbeat(self._beat, "aiodlock:mysql-keepalive")
         self._closed = False
 
     @classmethod
@@ -156,15 +158,17 @@ class NamedBackend(PollingBackend):
         for grant in lost:
             self._wake_one(grant.name)
 
-    async def _keep_alive(self) -> None:
-        interval = max(0.05, min(self.config.watchdog_ttl / 3, 10.0))
-        while not self._closed:
-            await asyncio.sleep(interval)
-            if self._held:
-                try:
-                    await self._on_session("keep-alive", _ping)
-                except BackendError as exc:
-                    log.debug("aiodlock: mysql keep-alive failed: %s", exc)
+    async def _beat(self) -> float | None:
+        """The keep-alive: asks the holder session while it holds something (a dead one is
+        found, and its locks reported lost, by :meth:`_guarded`)."""
+        if self._closed:
+            return None
+        if self._held:
+            try:
+                await self._on_session("keep-alive", _ping)
+            except BackendError as exc:
+                log.debug("aiodlock: mysql keep-alive failed: %s", exc)
+        return self._interval
 
     async def open(self, on_lost: LostCallback) -> None:
         if self._gate is not None and not self._closed:
@@ -182,14 +186,13 @@ class NamedBackend(PollingBackend):
         await self._on_session("open", schema)
         s = self.settings
         self._join_board(("mysql-named", s.host, s.port, s.database))
-        self._keepalive = asyncio.create_task(self._keep_alive(), name="aiodlock:mysql-keepalive")
+        self._heartbeat.start(self._interval)
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        self._heartbeat.stop()
         gate = self._gate
         if gate is not None:
             async with gate:  # after the call in flight

@@ -37,6 +37,7 @@ from ..._types import (
     monotonic,
 )
 from ..._url import ParsedURL
+from ..._wakeup import Heartbeat
 from .._base import Backend
 from .._sql import encode_name
 from ._dialect import MYSQL
@@ -88,7 +89,8 @@ class RowBackend(Backend):
         self._holding: dict[tuple[str, str], Grant] = {}  # Grant.data: its _Holder
         self._spare: list[aiomysql.Connection] = []  # of holds that ended cleanly
         self._on_lost: LostCallback | None = None
-        self._keepalive: asyncio.Task[None] | None = None
+        self._interval = max(0.05, min(config.watchdog_ttl / 3, 10.0))
+        self._heartbeat = Heartbeat(self._beat, "aiodlock:mysql-rows")
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -135,12 +137,10 @@ class RowBackend(Backend):
         except BaseException:
             await self.aclose()
             raise
-        self._keepalive = asyncio.create_task(self._keep_alive(), name="aiodlock:mysql-rows")
+        self._heartbeat.start(self._interval)
 
     async def aclose(self) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            self._keepalive = None
+        self._heartbeat.stop()
         holding = list(self._holding.values())
         self._holding.clear()
         for grant in holding:
@@ -260,13 +260,12 @@ class RowBackend(Backend):
         grant = await self.acquire(request, monotonic())
         return Busy() if grant is None else grant
 
-    async def _keep_alive(self) -> None:
-        interval = max(0.05, min(self.config.watchdog_ttl / 3, 10.0))
-        while True:
-            await asyncio.sleep(interval)
-            for grant in list(self._holding.values()):
-                if not await self._alive(grant):
-                    self._lose(grant, "the connection holding the row lock was lost")
+    async def _beat(self) -> float | None:
+        """The keep-alive: every holding connection is asked; a dead one is a lost lock."""
+        for grant in list(self._holding.values()):
+            if not await self._alive(grant):
+                self._lose(grant, "the connection holding the row lock was lost")
+        return self._interval
 
     async def _alive(self, grant: Grant) -> bool:
         holder: _Holder = grant.data
