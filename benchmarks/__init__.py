@@ -7,3 +7,9 @@ adapter, one run)::
 
 See ``docs/benchmarks.md`` for the workloads, the targets and the latest numbers.
 """
+
+import os
+
+# (servers are forked with a preexec_fn; gRPC's fork support can abort such a child: see
+# tests/conftest.py)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
