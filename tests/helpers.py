@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import os
 import shutil
 import subprocess
@@ -56,6 +57,65 @@ def read_cycles(log: Path) -> list[Cycle]:
     rows = [line.split() for line in log.read_text().splitlines()]
     cycles = [Cycle(int(t), int(p), float(e), float(lf), st) for t, p, e, lf, st in rows]
     return sorted(cycles, key=lambda c: c.entered)
+
+
+async def start_worker(*args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    """Run tests/worker.py in another Python process (stdout and stderr piped)."""
+    return await asyncio.create_subprocess_exec(
+        *worker_command(*args),
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=worker_env(),
+    )
+
+
+async def read_line(proc: asyncio.subprocess.Process, timeout: float = HANG) -> str:
+    """The worker's next line (an AssertionError with its stderr when it ended instead)."""
+    assert proc.stdout is not None
+    async with asyncio.timeout(timeout):
+        line = await proc.stdout.readline()
+    if not line:
+        assert proc.stderr is not None
+        err = await proc.stderr.read()
+        raise AssertionError(f"worker ended early: {err.decode(errors='replace')[-2000:]}")
+    return line.decode().strip()
+
+
+async def reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the worker if it still runs, and wait for it."""
+    if proc.returncode is None:
+        proc.kill()
+    await proc.wait()
+
+
+async def run_cycles(
+    url: str, processes: int, rounds: int, log: Path, *options: str, timeout: float = 120.0
+) -> list[Cycle]:
+    """``processes`` workers each take the name ``shared`` ``rounds`` times (``cycles`` mode),
+    every one to its end; the cycles they logged, in the order they entered."""
+    args = ("cycles", url, "shared", str(rounds), str(log), *options)
+    procs = [await start_worker(*args, cwd=log.parent) for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert await read_line(proc, timeout=timeout) == "done"
+            assert await proc.wait() == 0
+    finally:
+        for proc in procs:
+            await reap(proc)
+    return read_cycles(log)
+
+
+def assert_exclusive(cycles: list[Cycle], processes: int, rounds: int) -> None:
+    """Every cycle logged, none overlapping another, tokens strictly increasing in the order
+    of entry, every process among the holders."""
+    assert len(cycles) == processes * rounds
+    for cycle, after in itertools.pairwise(cycles):
+        assert cycle.left <= after.entered  # nobody came in between
+    assert [c.state for c in cycles].count("OVERLAP") == 0
+    tokens = [c.token for c in cycles]
+    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
+    assert len({c.pid for c in cycles}) == processes
 
 
 class Serving:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,59 +10,26 @@ from pathlib import Path
 import pytest
 
 import aiodlock
-from tests.helpers import HANG, ClientFactory, eventually, read_cycles, worker_command, worker_env
+from tests.helpers import (
+    HANG,
+    ClientFactory,
+    assert_exclusive,
+    eventually,
+    read_line,
+    reap,
+    run_cycles,
+    start_worker,
+)
 from tests.servers import EtcdCluster, EtcdServer
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
-
-
-async def _start(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *worker_command(*args),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=worker_env(),
-    )
-
-
-async def _line(proc: asyncio.subprocess.Process, timeout: float = HANG) -> str:
-    assert proc.stdout is not None
-    async with asyncio.timeout(timeout):
-        line = await proc.stdout.readline()
-    if not line:
-        assert proc.stderr is not None
-        err = await proc.stderr.read()
-        raise AssertionError(f"worker ended early: {err.decode(errors='replace')[-2000:]}")
-    return line.decode().strip()
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    await proc.wait()
 
 
 async def test_mutual_exclusion_across_processes(
     etcd_server: EtcdServer, namespace: str, tmp_path: Path
 ) -> None:
     url = f"{etcd_server.url}?namespace={namespace}&watchdog_ttl=5"
-    log = tmp_path / "log.txt"
-    procs = [await _start("cycles", url, "shared", "15", str(log)) for _ in range(3)]
-    try:
-        for proc in procs:
-            assert await _line(proc, timeout=120) == "done"
-    finally:
-        for proc in procs:
-            await _reap(proc)
-    cycles = read_cycles(log)
-    assert len(cycles) == 3 * 15
-    for cycle, after in itertools.pairwise(cycles):
-        assert cycle.left <= after.entered  # nobody came in between
-    assert [c.state for c in cycles].count("OVERLAP") == 0
-    tokens = [c.token for c in cycles]
-    assert tokens == sorted(tokens)
-    assert len(set(tokens)) == len(tokens)
-    assert len({c.pid for c in cycles}) == 3
+    assert_exclusive(await run_cycles(url, 3, 15, tmp_path / "log.txt"), 3, 15)
 
 
 async def test_killed_holder_process_frees_the_lock_within_the_ttl(
@@ -71,9 +37,9 @@ async def test_killed_holder_process_frees_the_lock_within_the_ttl(
 ) -> None:
     ttl = 2.0
     url = f"{etcd_server.url}?namespace={namespace}&watchdog_ttl={ttl}"
-    proc = await _start("hold", url, "crash")
+    proc = await start_worker("hold", url, "crash")
     try:
-        held = await _line(proc, timeout=60)
+        held = await read_line(proc, timeout=60)
         assert held.startswith("HELD ")
         client = await make_client()
         waiter = asyncio.create_task(client.lock("crash").acquire(timeout=HANG))
@@ -87,7 +53,7 @@ async def test_killed_holder_process_frees_the_lock_within_the_ttl(
         assert waited < ttl + 1.0
         assert lease.token > int(held.split()[1])
     finally:
-        await _reap(proc)
+        await reap(proc)
 
 
 async def _waiters(client: aiodlock.Client, name: str, n: int) -> bool:

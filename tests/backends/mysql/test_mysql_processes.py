@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import pytest
 
 import aiodlock
-from tests.helpers import HANG, ClientFactory, ServeFactory, read_cycles, worker_command, worker_env
+from tests.helpers import HANG, ClientFactory, ServeFactory, assert_exclusive, run_cycles
 from tests.servers import MariaDBServer
 
 
@@ -35,29 +34,8 @@ async def test_mutual_exclusion_and_token_order_across_processes(
         "poll_min=0.001",
         "poll_max=0.005",
     )
-    children = [
-        await asyncio.create_subprocess_exec(
-            *worker_command("cycles", mysql_url, "shared", str(rounds), str(log), *options),
-            cwd=tmp_path,
-            env=worker_env(),
-        )
-        for _ in range(procs)
-    ]
-    try:
-        with anyio.fail_after(100):
-            codes = [await child.wait() for child in children]
-    finally:
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
-    assert codes == [0] * procs
-    entries = read_cycles(log)
-    assert len(entries) == procs * rounds
-    assert [c.state for c in entries].count("OVERLAP") == 0
-    tokens = [c.token for c in entries]
-    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
-    assert len({c.pid for c in entries}) == procs
+    entries = await run_cycles(mysql_url, procs, rounds, log, *options)
+    assert_exclusive(entries, procs, rounds)
 
 
 @pytest.mark.slow

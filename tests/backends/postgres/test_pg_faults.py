@@ -4,7 +4,6 @@ PostgreSQL while a lock is held, a server that stops answering (SIGSTOP)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import signal
 import time
 from collections.abc import Callable
@@ -13,11 +12,20 @@ from pathlib import Path
 import pytest
 
 import aiodlock
-from tests.helpers import HANG, ClientFactory, eventually, read_cycles
+from tests.helpers import (
+    HANG,
+    ClientFactory,
+    assert_exclusive,
+    eventually,
+    read_line,
+    reap,
+    run_cycles,
+    start_worker,
+)
 from tests.servers import PostgresServer
 
 from .conftest import RawFactory
-from .pg_helpers import backend_of, holders, read_line, reap, start_worker
+from .pg_helpers import backend_of, holders
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -26,23 +34,7 @@ async def test_mutual_exclusion_across_processes(
     postgres_server: PostgresServer, namespace: str, tmp_path: Path
 ) -> None:
     url = f"{postgres_server.url}?namespace={namespace}"
-    log = tmp_path / "log.txt"
-    procs = [await start_worker("cycles", url, "shared", "15", str(log)) for _ in range(3)]
-    try:
-        for proc in procs:
-            assert await read_line(proc, timeout=120) == "done"
-    finally:
-        for proc in procs:
-            await reap(proc)
-    cycles = read_cycles(log)
-    assert len(cycles) == 3 * 15
-    for cycle, after in itertools.pairwise(cycles):
-        assert cycle.left <= after.entered  # nobody came in between
-    assert [c.state for c in cycles].count("OVERLAP") == 0
-    tokens = [c.token for c in cycles]
-    assert tokens == sorted(tokens)
-    assert len(set(tokens)) == len(tokens)
-    assert len({c.pid for c in cycles}) == 3
+    assert_exclusive(await run_cycles(url, 3, 15, tmp_path / "log.txt"), 3, 15)
 
 
 async def test_a_killed_holder_process_frees_the_name_at_once(

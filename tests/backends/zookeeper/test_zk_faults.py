@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import signal
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 import aiodlock
-from tests.helpers import read_cycles
+from tests.helpers import assert_exclusive, read_line, reap, run_cycles, start_worker
 from tests.servers import ZooKeeperEnsemble, ZooKeeperServer
 
 from .zk_helpers import (
@@ -24,40 +23,16 @@ from .zk_helpers import (
     children,
     eventually,
     queue_length,
-    read_line,
-    start_worker,
 )
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    await proc.wait()
 
 
 async def test_mutual_exclusion_across_processes(
     zookeeper_server: ZooKeeperServer, namespace: str, tmp_path: Path
 ) -> None:
     url = f"{zookeeper_server.url}?namespace={namespace}&session_timeout=5"
-    log = tmp_path / "log.txt"
-    procs = [await start_worker("cycles", url, "shared", "15", str(log)) for _ in range(3)]
-    try:
-        for proc in procs:
-            assert await read_line(proc, timeout=120) == "done"
-    finally:
-        for proc in procs:
-            await _reap(proc)
-    cycles = read_cycles(log)
-    assert len(cycles) == 3 * 15
-    for cycle, after in itertools.pairwise(cycles):
-        assert cycle.left <= after.entered  # nobody came in between
-    assert [c.state for c in cycles].count("OVERLAP") == 0
-    tokens = [c.token for c in cycles]
-    assert tokens == sorted(tokens)
-    assert len(set(tokens)) == len(tokens)
-    assert len({c.pid for c in cycles}) == 3
+    assert_exclusive(await run_cycles(url, 3, 15, tmp_path / "log.txt"), 3, 15)
 
 
 async def test_killed_holder_process_frees_the_lock_when_its_session_expires(
@@ -80,7 +55,7 @@ async def test_killed_holder_process_frees_the_lock_when_its_session_expires(
             token = await waiter
         waited = time.monotonic() - killed
     finally:
-        await _reap(proc)
+        await reap(proc)
     assert token > held_token
     assert waited >= 0.8  # the lock was not given away before the session could expire
 

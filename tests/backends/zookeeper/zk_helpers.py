@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ from aiodlock.backends.zookeeper import ZooKeeperBackend
 from tests.helpers import HANG as HANG
 from tests.helpers import ClientFactory as ClientFactory
 from tests.helpers import eventually as eventually
-from tests.helpers import worker_command, worker_env
 from tests.servers import ZooKeeperServer
 
 RawFactory = Callable[[str], Awaitable[aiozk.ZKClient]]
@@ -39,27 +37,6 @@ async def children(raw: aiozk.ZKClient, path: str) -> list[str]:
 
 async def queue_length(client: aiodlock.Client, raw: aiozk.ZKClient, name: str) -> int:
     return len(await children(raw, backend_of(client).lock_path(name)))
-
-
-async def start_worker(*args: str) -> asyncio.subprocess.Process:
-    """Run tests/worker.py in another Python process."""
-    return await asyncio.create_subprocess_exec(
-        *worker_command(*args),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=worker_env(),
-    )
-
-
-async def read_line(proc: asyncio.subprocess.Process, timeout: float = HANG) -> str:
-    assert proc.stdout is not None
-    async with asyncio.timeout(timeout):
-        line = await proc.stdout.readline()
-    if not line:
-        assert proc.stderr is not None
-        err = await proc.stderr.read()
-        raise AssertionError(f"worker ended early: {err.decode(errors='replace')[-2000:]}")
-    return line.decode().strip()
 
 
 def options_query(**options: Any) -> str:
