@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["channel_of", "create_table", "lock_key", "quote_ident", "status", "try_lock"]
+__all__ = [
+    "call_next",
+    "channel_of",
+    "create_table",
+    "lock_key",
+    "quote_ident",
+    "status",
+    "try_lock",
+]
 
 
 def lock_key(namespace: str, name: str) -> int:
@@ -38,6 +46,8 @@ def create_table(table: str) -> str:
         " token bigint NOT NULL,"
         " pid integer NOT NULL,"  # the holder's session (status() checks it holds the key)
         " granted_at timestamptz NOT NULL DEFAULT now())"
+        # (room on each page: a grant's update of the row stays on its page, HOT)
+        " WITH (fillfactor = 50)"
     )
 
 
@@ -96,16 +106,25 @@ def pass_on(waiters: str) -> str:
 
 
 def unlock(waiters: str) -> str:
-    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) goes
-    to the channel of ONE client, the one that has waited longest (``{channel}_{pid}``, the
-    pid of its LISTEN session), with the key: that client alone hears it, and wakes one of
-    its waiters of the key.  None is sent when nobody waits."""
+    """$1 key -> (was it held, does a client wait for it).  Only the unlock and an index
+    probe of the line: a release that nobody waits for costs the server next to nothing,
+    and one that somebody waits for is followed by :func:`call_next`."""
     return (
         "SELECT pg_advisory_unlock($1::bigint), "
-        "(SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
+        f"EXISTS (SELECT 1 FROM {waiters} WHERE key = $1::bigint)"
+    )
+
+
+def call_next(waiters: str) -> str:
+    """$1 key, $2 channel: NOTIFY (at the statement's commit) the channel of ONE client, the
+    one that has waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN
+    session), with the key: that client alone hears it, and wakes one of its waiters of the
+    key.  Clients whose session died are skipped; none is called when nobody waits."""
+    return (
+        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
         f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
         + _DEAD.format(pid="pid")
-        + " ORDER BY since LIMIT 1) w)"
+        + " ORDER BY since LIMIT 1) w"
     )
 
 

@@ -3,8 +3,8 @@
 A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespace and name
 (:func:`._statements.lock_key`), taken on the client's ONE holder connection; the same
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
-release unlocks and NOTIFYs the namespace's channel with the key in one round trip; each
-client LISTENs on one connection and wakes only its local waiter of that key.  The lease is
+release unlocks and, only when a client waits for the key, NOTIFYs the one that has waited
+longest; each client LISTENs on one connection and wakes only its local waiter of that key.  The lease is
 the holder session: its end is the loss of every lock on it.  See docs/backends/postgres.md.
 """
 
@@ -113,7 +113,8 @@ class PostgresBackend(Backend):
         self.table = table
         self._table = sql.quote_ident(table)
         self._waiters = sql.quote_ident(f"{table}_waiters")
-        self._unlock = sql.unlock(self._waiters)
+        self._unlock_sql = sql.unlock(self._waiters)
+        self._call_next = sql.call_next(self._waiters)
         self.poll_interval = take_float(options, "poll_interval", 1.0, allow_zero=False)
         self.application_name = take_str(options, "application_name", "aiodlock")
         self.channel = sql.channel_of(config.namespace)
@@ -319,8 +320,7 @@ class PostgresBackend(Backend):
                     return False
                 del self._held[held.key]
                 try:
-                    step = conn.fetchrow(self._unlock, held.key, self.channel)
-                    row = await holder.call(conn, step)
+                    released = await self._unlock(conn, held.key)
                 except BaseException as exc:
                     if not isinstance(exc, _SESSION_ENDED):
                         # Unknown whether it is still held: only ending the session is sure.
@@ -328,7 +328,15 @@ class PostgresBackend(Backend):
                     raise
             finally:
                 holder.end()
-        return bool(row[0])
+        return released
+
+    async def _unlock(self, conn: asyncpg.Connection, key: int) -> bool:
+        """Unlock ``key`` on the holder session; if a client waits for it, call the one that
+        has waited longest (a second statement, only then).  Was it held."""
+        held, waited = await self.holder.call(conn, conn.fetchrow(self._unlock_sql, key))
+        if waited:
+            await self.holder.call(conn, conn.execute(self._call_next, key, self.channel))
+        return bool(held)
 
     async def abandon(self, request: Request) -> None:
         key = self.key(request.name)
@@ -346,7 +354,7 @@ class PostgresBackend(Backend):
                     return  # the session ended: nothing of it is left
                 try:
                     # Unlock what the attempt may have taken (false, and a warning, if not).
-                    await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
+                    await self._unlock(conn, key)
                 except BaseException as exc:
                     if not isinstance(exc, _SESSION_ENDED):
                         holder.discard(conn, f"a clean-up was interrupted ({type(exc).__name__})")
@@ -379,10 +387,10 @@ class PostgresBackend(Backend):
                 assert conn is not None
                 grant = self._held.pop(key, None)
                 if grant is not None:
-                    row = await holder.call(conn, conn.fetchrow(self._unlock, key, self.channel))
+                    released = await self._unlock(conn, key)
                     if self._on_lost is not None:
                         self._on_lost([grant], "postgres: the lock was broken (force_release)")
-                    return bool(row[0])
+                    return released
                 wait_ms = int(self.config.op_timeout * 1000)
                 step = conn.fetchval(sql.TERMINATE, key, wait_ms)
                 ended = await holder.call(conn, step, self.config.op_timeout * 2)
