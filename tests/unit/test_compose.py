@@ -137,6 +137,15 @@ def check_credentials(scheme: str, url: str, service: dict[str, Any]) -> None:
         assert database == env["POSTGRES_DB"], url
 
 
+def test_the_quickstart_names_only_servers_of_compose() -> None:
+    """The quickstart is run on a laptop: every server URL in it is a local one."""
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    every = [match.group(0) for match in URL.finditer(text)]
+    local = [url for _, url in local_urls(text)]
+    assert len(every) >= 6
+    assert len(local) == len(every), set(every) - set(local)
+
+
 def test_the_url_reader_sees_what_a_user_would_copy() -> None:
     text = (
         "connect('redlock://127.0.0.1:6380,127.0.0.1:6381,localhost:6382') "
