@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,13 @@ def test_lock_status_pickles_and_reads_aiodlock_in_its_repr() -> None:
     assert pickle.loads(pickle.dumps(status)) == status
     assert repr(status).startswith("LockStatus(")
     assert pickle.dumps(status).count(b"aiodlock._types") == 0
+
+
+def test_the_api_reference_documents_every_public_name() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
+    documented = {
+        line.removeprefix("::: aiodlock.").strip()
+        for line in page.read_text().splitlines()
+        if line.startswith("::: aiodlock.")
+    }
+    assert documented == set(aiodlock.__all__) - {"__version__"}
