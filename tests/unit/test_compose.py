@@ -72,8 +72,8 @@ def compose() -> dict[str, Any]:
 
 
 def kind(service: dict[str, Any]) -> str:
-    image = str(service["image"]).rsplit("/", 1)[-1].split(":")[0]
-    return {"redis": "redis", "zookeeper": "zookeeper", "etcd": "etcd"}.get(image, image)
+    """The server a service runs: its image's name (``quay.io/coreos/etcd:v3.5`` -> etcd)."""
+    return str(service["image"]).rsplit("/", 1)[-1].split(":")[0]
 
 
 def published(compose: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
