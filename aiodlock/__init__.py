@@ -41,3 +41,12 @@ __all__ = [
     "connect",
     "default_url",
 ]
+
+# Public names report the public module (``aiodlock.ConfigurationError`` in a traceback, a
+# ``repr`` or ``help()``, as httpx does), not the private module that defines them.  Pickle
+# finds them there too: each is an attribute of ``aiodlock`` under the same name.
+for _name in __all__:
+    _public = globals()[_name]
+    if getattr(_public, "__qualname__", None) == _name:  # a class or a function
+        _public.__module__ = __name__
+del _name, _public

@@ -12,7 +12,17 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import BackendError, ConfigurationError, LockError, Unsupported, __version__
-from ._common import DEMO_LOCK, Exit, ExitStatus, fmt_seconds, held_by, make_client, say, shown_url
+from ._common import (
+    DEMO_LOCK,
+    DEMO_WORKER,
+    Exit,
+    ExitStatus,
+    fmt_seconds,
+    held_by,
+    make_client,
+    say,
+    shown_url,
+)
 from ._common import DEMO_NAMESPACE as DEMO_NAMESPACE
 from ._demo import cmd_demo, cmd_demo_worker
 from ._run import cmd_run
@@ -74,19 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aiodlock {__version__}")
-    # The lock service's options, before the command and after it (the parent ``common``,
-    # which sets only what is given there: after wins).
-    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    for options in (parser, common.add_argument_group("lock service")):
-        options.add_argument(
-            "--url", metavar="URL", help="lock service (default: $AIODLOCK_URL, else SQLite)"
-        )
-        options.add_argument(
-            "--namespace", metavar="NS", help="key prefix of your locks (default: aiodlock)"
-        )
-        options.add_argument(
-            "-v", "--verbose", action="store_true", help="say what happens on stderr (tokens too)"
-        )
+    # The lock service's options, before the command and after it (the parents ``common`` and
+    # ``demo_common``, which set only what is given there: after wins).
+    _add_service_options(parser.add_argument, "aiodlock")
+    common, demo_common = _service_options("aiodlock"), _service_options(DEMO_NAMESPACE)
     named = argparse.ArgumentParser(add_help=False)  # (the commands that take a lock name)
     named.add_argument("name", metavar="NAME", help="the lock name")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        parents=[common],
+        parents=[demo_common],
         help="N processes contend for one lock; checks mutual exclusion and tokens",
         description=(
             "Start --workers N processes that contend for ONE lock for --duration S seconds "
@@ -181,11 +182,45 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--name", default=DEMO_LOCK, help=f"lock name (default: {DEMO_LOCK})")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    commands.add_parser("_demo-worker", parents=[common]).set_defaults(handler=cmd_demo_worker)
+    demo.add_argument(
+        "--fair",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="grant in request order (default: where the lock service offers fair=True)",
+    )
+    return parser
+
+
+def _add_service_options(add_argument: Callable[..., object], namespace: str) -> None:
+    """The lock service's options (``add_argument`` of a parser or of a group)."""
+    add_argument("--url", metavar="URL", help="lock service (default: $AIODLOCK_URL, else SQLite)")
+    add_argument(
+        "--namespace", metavar="NS", help=f"key prefix of the locks (default: {namespace})"
+    )
+    add_argument(
+        "-v", "--verbose", action="store_true", help="say what happens on stderr (tokens too)"
+    )
+
+
+def _service_options(namespace: str) -> argparse.ArgumentParser:
+    """A parent parser with the lock service's options (default ``namespace`` in the help)."""
+    parent = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _add_service_options(parent.add_argument_group("lock service").add_argument, namespace)
+    return parent
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    """``aiodlock _demo-worker``: the demo's own worker processes, not a user command (so it
+    is not among the commands that ``--help`` and a usage error list)."""
+    parser = argparse.ArgumentParser(prog="aiodlock _demo-worker")
+    _add_service_options(parser.add_argument, DEMO_NAMESPACE)
+    parser.set_defaults(handler=cmd_demo_worker)
     return parser
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    if argv[:1] == [DEMO_WORKER]:
+        return _worker_parser().parse_args(argv[1:])
     # ``run ... -- COMMAND``: what follows the first ``--`` after ``run`` is read verbatim.
     if "run" in argv and "--" in argv[argv.index("run") :]:
         cut = argv.index("--", argv.index("run"))

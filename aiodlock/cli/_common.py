@@ -11,6 +11,7 @@ from .. import Client, LockStatus, connect, default_url
 from .._url import parse_url
 
 DEMO_NAMESPACE = DEMO_LOCK = "aiodlock-demo"
+DEMO_WORKER = "_demo-worker"  # (the command line of the demo's worker processes)
 
 
 class ExitStatus(enum.IntEnum):

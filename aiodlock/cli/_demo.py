@@ -12,6 +12,7 @@ import os
 import random
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -20,7 +21,16 @@ import anyio
 
 from .. import LockError
 from .._types import Capability
-from ._common import DEMO_NAMESPACE, Exit, ExitStatus, fmt_seconds, make_client, resolved_url, say
+from ._common import (
+    DEMO_NAMESPACE,
+    DEMO_WORKER,
+    Exit,
+    ExitStatus,
+    fmt_seconds,
+    make_client,
+    resolved_url,
+    say,
+)
 from ._stats import percentile
 
 # On the workers' PYTHONPATH, so that they import this very copy of aiodlock.
@@ -76,6 +86,11 @@ async def cmd_demo(args: argparse.Namespace) -> int:
             f"demo: {shown} locks live inside one process; the demo needs a lock service "
             f"shared by processes (the embedded SQLite default, or a server URL)",
         )
+    fair = bool(client.backend.capabilities & Capability.FAIR) if args.fair is None else args.fair
+    if fair and not client.backend.capabilities & Capability.FAIR:
+        raise Exit(
+            ExitStatus.CONFIG, f"demo: {shown} offers no fair locks (fair=True); omit --fair"
+        )
     async with client:  # creates the database / checks the server before starting workers
         previous = await client.status(args.name)
     if previous is not None and not args.json:
@@ -85,7 +100,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aiodlock-demo-") as marker_dir:
-        results = await _run_workers(args, marker_dir)
+        results = await _run_workers(args, marker_dir, fair)
     errors: list[str] = []
     for index, result in enumerate(results):
         if "failed" in result:
@@ -95,6 +110,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     report = analyse(records, sum(result["collisions"] for result in results))
     per_worker = [len(result["records"]) for result in results]
     report.update(workers=args.workers, per_worker=per_worker, errors=errors, name=args.name)
+    # (ZooKeeper and etcd grant every lock in order, whatever --fair says)
+    report["fair"] = fair or bool(client.backend.capabilities & Capability.ALWAYS_FAIR)
     report.update(total_time=time.monotonic() - started, url=shown, namespace=args.namespace)
     report["ok"] = bool(records and not errors and not report["overlaps"])
     report["ok"] = report["ok"] and report["tokens_increasing"]
@@ -103,13 +120,16 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo_report(report: dict[str, Any]) -> str:
-    per = " ".join(f"w{i}={n}" for i, n in enumerate(report["per_worker"]))
+    per_worker = report["per_worker"]
+    per = " ".join(f"w{i}={n}" for i, n in enumerate(per_worker))
+    spread = f" (fewest/most {min(per_worker) / max(per_worker):.2f})" if max(per_worker) else ""
     collisions = report["marker_collisions"]
     processes = "process" if report["workers"] == 1 else "processes"
+    kind = "fair" if report["fair"] else "non-fair"
     lines = [
-        f"aiodlock demo: {report['workers']} {processes}, one lock {report['name']!r} "
+        f"aiodlock demo: {report['workers']} {processes}, one {kind} lock {report['name']!r} "
         f"(namespace {report['namespace']!r}) on {report['url']}",
-        f"acquisitions: {report['acquisitions']} total; per worker: {per}",
+        f"acquisitions: {report['acquisitions']} total; per worker: {per}{spread}",
         f"overlaps: {report['overlaps']}"
         + (f" (marker file collisions: {collisions})" if collisions else ""),
         "tokens strictly increasing in entry order: "
@@ -120,16 +140,46 @@ def _demo_report(report: dict[str, Any]) -> str:
         f"total time: {report['total_time']:.2f} s",
         *(f"error: {e}" for e in report["errors"]),
         "result: OK" if report["ok"] else "result: FAILED",
+        "",
+        *_legend(report),
     ]
     return "\n".join(lines)
 
 
-async def _run_workers(args: argparse.Namespace, marker_dir: str) -> list[dict[str, Any]]:
+def _legend(report: dict[str, Any]) -> list[str]:
+    """What the numbers mean, for the lock the demo ran."""
+    if report["fair"]:
+        turns = (
+            "The lock is fair (FIFO): it is granted in request order, so every worker gets "
+            "about as many turns as the others."
+        )
+    else:
+        turns = (
+            "The lock is not fair: a worker that releases may take it again before a waiter "
+            "in another process learns of the release (waiters of SQLite and MySQL poll), so "
+            "one worker may get fewer turns. A waiter that has waited 10 ms takes a place in "
+            "line where the service keeps one, which bounds that. --fair grants in order."
+        )
+    items = [
+        "per worker: the turns each process had in the critical section. " + turns,
+        "wait time: from asking for the lock to entering, the other workers' turns included.",
+        "handoff gap: from one worker's release to the next worker's entry, counted when the "
+        "next one was already waiting. It is the time the lock stands idle between two "
+        "processes: the release reaching the waiter (a wake-up from the server, or the "
+        "waiter's next poll) plus its acquire.",
+    ]
+    wrap = textwrap.TextWrapper(width=88, initial_indent="- ", subsequent_indent="  ")
+    return ["What the numbers mean:", *(wrap.fill(item) for item in items)]
+
+
+async def _run_workers(
+    args: argparse.Namespace, marker_dir: str, fair: bool
+) -> list[dict[str, Any]]:
     """Each worker's result (``failed``: the end of its stderr, if it failed)."""
     # The URL goes in the environment, not on the command line, where `ps` shows a password.
     env = dict(os.environ, AIODLOCK_URL=resolved_url(args))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_PACKAGE_ROOT, env.get("PYTHONPATH"))))
-    argv = (sys.executable, "-m", "aiodlock", "--namespace", args.namespace, "_demo-worker")
+    argv = (sys.executable, "-m", "aiodlock", DEMO_WORKER, "--namespace", args.namespace)
     pipe, spawn = asyncio.subprocess.PIPE, asyncio.create_subprocess_exec
     duration = args.duration if args.duration is not None else (None if args.rounds else 3.0)
     procs: list[asyncio.subprocess.Process] = []
@@ -146,6 +196,7 @@ async def _run_workers(args: argparse.Namespace, marker_dir: str) -> list[dict[s
         stage = "finish"
         task = {
             "name": args.name,
+            "fair": fair,
             "marker": os.path.join(marker_dir, "inside"),
             "rounds": args.rounds or 0,
             "hold_ms": args.hold_ms,
@@ -188,7 +239,7 @@ async def cmd_demo_worker(args: argparse.Namespace) -> int:
         except ValueError:
             return ExitStatus.CONFIG
         # A fixed lease: a crashed worker frees the lock within seconds, not watchdog_ttl.
-        lock = client.lock(task["name"], ttl=10.0)
+        lock = client.lock(task["name"], ttl=10.0, fair=task["fair"])
         low, high = (ms / 1000 for ms in task["hold_ms"])
         rounds, deadline = task["rounds"], task["deadline"]
         while (not rounds or len(records) < rounds) and time.monotonic() < (deadline or math.inf):

@@ -170,6 +170,14 @@ def test_version_and_help(env: dict[str, str]) -> None:
     for command in ("run", "status", "release", "demo", "AIODLOCK_URL"):
         assert command in helped.stdout
     assert "_demo-worker" not in helped.stdout
+    unknown = run_cli(env, "no-such-command")  # the usage error lists the commands
+    assert unknown.returncode == 2
+    assert "'demo'" in unknown.stderr
+    assert "_demo-worker" not in unknown.stderr
+    demo_help = run_cli(env, "demo", "--help").stdout
+    assert f"(default: {cli.DEMO_NAMESPACE})" in demo_help
+    assert "(default: aiodlock)" not in demo_help
+    assert "(default: aiodlock)" in run_cli(env, "status", "--help").stdout
     run_help = run_cli(env, "run", "--help")
     assert "75" in run_help.stdout
     assert "--ttl" in run_help.stdout
@@ -485,20 +493,35 @@ def test_demo_reports_no_overlap_and_increasing_tokens(env: dict[str, str]) -> N
     assert lines["overlaps"] == "0"
     assert lines["tokens strictly increasing in entry order"] == "yes"
     total = int(lines["acquisitions"].split()[0])
-    per_worker = lines["acquisitions"].split("per worker:")[1].split()
+    per_worker = lines["acquisitions"].split("per worker:")[1].split("(")[0].split()
     assert len(per_worker) == 3
     assert sum(int(w.split("=")[1]) for w in per_worker) == total
     assert total >= 3
     assert lines["result"] == "OK"
     for key in ("wait time", "handoff gap", "total time"):
         assert key in lines
+    # SQLite offers fair=True: the demo runs fair, and its report says what that means.
+    assert "one fair lock" in result.stdout
+    assert "fewest/most" in lines["acquisitions"]
+    legend = result.stdout.split("What the numbers mean:")[1]
+    assert "request order" in legend
+    assert "stands idle between two" in legend
+
+
+def test_demo_fair_refused_where_the_service_offers_none(env: dict[str, str]) -> None:
+    result = run_cli(env, "--url", "redlock://127.0.0.1:1", "demo", "--fair")
+    assert result.returncode == 2
+    assert "no fair locks" in result.stderr
 
 
 @pytest.mark.slow
 def test_demo_rounds_json(env: dict[str, str]) -> None:
-    result = run_cli(env, "demo", "--workers", "2", "--rounds", "20", "--json", timeout=90)
+    result = run_cli(
+        env, "demo", "--workers", "2", "--rounds", "20", "--no-fair", "--json", timeout=90
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
+    assert report["fair"] is False
     assert report["per_worker"] == [20, 20]
     assert report["acquisitions"] == 40
     assert report["overlaps"] == 0
