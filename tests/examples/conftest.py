@@ -45,7 +45,8 @@ def example_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return backend_url(str(request.param), request, tmp_path)
 
 
-#: ``await run_example(script, *args)``: the example's process, stdout piped (stderr too)
+#: ``await run_example(script, *args, query="&option=value")``: the example's process on
+#: ``example_url`` (plus ``query``), stdout piped (stderr too)
 RunExample = Callable[..., Awaitable[asyncio.subprocess.Process]]
 
 
@@ -55,13 +56,13 @@ async def run_example(example_url: str, tmp_path: Path) -> AsyncIterator[RunExam
     is killed (and its stderr shown if the test failed)."""
     procs: list[asyncio.subprocess.Process] = []
 
-    async def start(script: str, *args: str) -> asyncio.subprocess.Process:
+    async def start(script: str, *args: str, query: str = "") -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(EXAMPLES / script),
             *args,
             cwd=tmp_path,
-            env=example_env(example_url),
+            env=example_env(example_url + query),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import HANG
+import aiodlock
+from tests.helpers import HANG, eventually
 
 from .conftest import RunExample
 
@@ -18,18 +19,25 @@ pytestmark = pytest.mark.slow  # (4 Python processes: about 2 s per backend)
 JOBS = 50
 
 
+def runner_args(
+    results: Path, jobs: int = JOBS, tasks: int = 2, seconds: float = 0.02
+) -> list[str]:
+    return [str(results), "--jobs", str(jobs), "--tasks", str(tasks), "--job-seconds", str(seconds)]
+
+
+async def report_of(proc: asyncio.subprocess.Process) -> Any:
+    """The runner's report, once it has ended (successfully)."""
+    async with asyncio.timeout(HANG * 2):
+        out, _ = await proc.communicate()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    return json.loads(text.strip().splitlines()[-1])
+
+
 async def run_runners(run_example: RunExample, results: Path, processes: int) -> list[Any]:
     """``processes`` job runners at once, each to its end; their reports."""
-    args = (str(results), "--jobs", str(JOBS), "--tasks", "2", "--job-seconds", "0.02")
-    procs = [await run_example("job_runner.py", *args) for _ in range(processes)]
-    reports = []
-    async with asyncio.timeout(HANG * 2):
-        for proc in procs:
-            out, _ = await proc.communicate()
-            text = out.decode(errors="replace")
-            assert proc.returncode == 0, text[-3000:]
-            reports.append(json.loads(text.strip().splitlines()[-1]))
-    return reports
+    procs = [await run_example("job_runner.py", *runner_args(results)) for _ in range(processes)]
+    return [await report_of(proc) for proc in procs]
 
 
 async def test_three_processes_do_every_job_exactly_once(
@@ -59,3 +67,30 @@ async def test_three_processes_do_every_job_exactly_once(
     (again,) = await run_runners(run_example, results, 1)
     assert again["done"] == []
     assert again["already_done"] == JOBS
+
+
+async def test_the_jobs_of_a_dead_worker_are_done_once_its_leases_run_out(
+    run_example: RunExample, example_url: str, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    # (the leases outlive the first worker by 2 s at least: time for the next one to start)
+    ttl = "&watchdog_ttl=3"
+    # A worker takes all three jobs and dies in the middle of them.
+    args = runner_args(results, jobs=3, tasks=3, seconds=60)
+    dead = await run_example("job_runner.py", *args, query=ttl)
+    async with aiodlock.connect(example_url) as client:
+
+        async def all_taken() -> bool:
+            taken = [await client.lock(f"jobs:job-{n}").status() for n in range(3)]
+            return all(status is not None for status in taken)
+
+        await eventually(all_taken, what="the first worker holds its jobs")
+    dead.kill()
+    await dead.wait()
+    # The next one finds them busy, waits for their leases to run out, and does them.
+    report = await report_of(
+        await run_example("job_runner.py", *runner_args(results, jobs=3), query=ttl)
+    )
+    assert report["skipped_busy"] == 3
+    assert sorted(report["done"]) == ["job-0", "job-1", "job-2"]
+    assert {json.loads(p.read_text())["pid"] for p in results.glob("*.json")} == {report["pid"]}
