@@ -36,8 +36,14 @@ COMMANDS = {
     "aiohttp": lambda port: [sys.executable, str(EXAMPLES / "aiohttp_app.py"), "--port", str(port)],
 }  # fmt: skip
 
+#: the fast suite runs each framework and each backend once; the whole suite, every pair
+FAST = {("fastapi", "redis"), ("aiohttp", "sqlite")}
 APPS = [
-    pytest.param((framework, b.values[0]), id=f"{framework}-{b.id}", marks=b.marks)
+    pytest.param(
+        (framework, b.values[0]),
+        id=f"{framework}-{b.id}",
+        marks=[*b.marks, *([] if (framework, b.values[0]) in FAST else [pytest.mark.slow])],
+    )
     for framework, b in itertools.product(COMMANDS, BACKENDS)
 ]
 
@@ -101,8 +107,8 @@ def apps(
 ) -> Iterator[Apps]:
     framework, backend = request.param
     directory = tmp_path_factory.mktemp(f"{framework}-{backend}")
-    # (a short lease, renewed every 2/3 s, so that a broken lock is noticed soon)
-    url = backend_url(backend, request, directory) + "&watchdog_ttl=2"
+    # (a short lease, renewed every 1/3 s, so that a broken lock is noticed soon)
+    url = backend_url(backend, request, directory) + "&watchdog_ttl=1"
     started = [WebApp(framework, url, directory / f"app{n}.log") for n in range(2)]
     try:
         for app in started:
