@@ -9,11 +9,13 @@ The leader is whoever holds the lock ``leader:<name>``.  Its work runs inside th
 
 - the lease is renewed by the client's watchdog while the leader lives (every
   ``watchdog_ttl/3``); a leader that dies (crash, SIGKILL, a lost host) stops renewing, and
-  a follower takes over at the latest ``watchdog_ttl`` seconds later.  A smaller
-  ``--watchdog-ttl`` means a faster take-over and more renewals;
+  a follower takes over when the lease it renewed last runs out: within ``watchdog_ttl``
+  seconds (plus a SQLite waiter's poll interval).  A smaller ``--watchdog-ttl`` means a
+  faster take-over and more renewals;
 - a leader that *loses* its lease (renewals failed until it ran out, an admin's
   ``aiodlock release --force``) has its work cancelled (``on_lost="cancel"``, the default):
-  it stops at once rather than go on believing it leads, and goes back to waiting;
+  it stops as soon as the client notices (at the latest at its next renewal) rather than
+  go on believing it leads, and goes back to waiting;
 - a leader that is stopped (Ctrl-C, SIGTERM) releases the lock on its way out, and a
   follower takes over at once instead of waiting the lease out.
 
