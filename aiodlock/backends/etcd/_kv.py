@@ -46,7 +46,12 @@ _BY_CREATE = 2  # RangeRequest.SortTarget.CREATE
 # -- encoding --------------------------------------------------------------------------------
 
 
+_SMALL = tuple(bytes((n,)) for n in range(0x80))  # the one-byte varints
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _SMALL[n]
     if n < 0:
         n += 1 << 64  # (int64 on the wire: two's complement, ten bytes)
     out = bytearray()
