@@ -62,12 +62,17 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+#: The tags of the length-delimited fields written (numbers 1-15 and Compare.range_end, 64).
+_TAG = {field: _varint(field << 3 | 2) for field in (*range(1, 16), 64)}
+
+
 def _bytes(field: int, data: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(data)) + data
+    size = len(data)
+    return _TAG[field] + (_SMALL[size] if size < 0x80 else _varint(size)) + data
 
 
 def _int(field: int, n: int) -> bytes:
-    return _varint(field << 3) + _varint(n) if n else b""
+    return (_SMALL[field << 3] + (_SMALL[n] if 0 <= n < 0x80 else _varint(n))) if n else b""
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -150,13 +155,25 @@ def _fields(data: bytes) -> list[tuple[int, Any]]:
     out: list[tuple[int, Any]] = []
     i, n = 0, len(data)
     while i < n:
-        tag, i = _read(data, i)
+        tag = data[i]  # (one byte: field numbers up to 15; inlined, as are short values)
+        if tag < 0x80:
+            i += 1
+        else:
+            tag, i = _read(data, i)
         kind = tag & 7
         if kind == 0:
-            value, i = _read(data, i)
+            value = data[i]
+            if value < 0x80:
+                i += 1
+            else:
+                value, i = _read(data, i)
             out.append((tag >> 3, value))
         elif kind == 2:
-            size, i = _read(data, i)
+            size = data[i]
+            if size < 0x80:
+                i += 1
+            else:
+                size, i = _read(data, i)
             out.append((tag >> 3, data[i : i + size]))
             i += size
         elif kind in (1, 5):
