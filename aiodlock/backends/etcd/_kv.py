@@ -5,8 +5,9 @@ etcd3aio costs measurably per call (its protobuf objects built and parsed, an
 ``asyncio.timeout`` and a retry loop around every call) and a lock cycle is nothing but two
 transactions; a transaction here is bytes in, bytes out on a generic ``unary_unary``
 method, and the reply is parsed only as far as the lock reads it.  Nothing of etcd3aio's
-private API is used: the channel is made by its public ``ConnectionManager`` with the
-client's endpoints and TLS files, so both channels reach the same members the same way.
+private API is used: :mod:`._session` makes the channel with etcd3aio's public
+``ConnectionManager``, the client's endpoints and TLS files, so both channels reach the
+same members the same way, and sets the auth token on both.
 
 Requests are built with :func:`txn` from :func:`cmp_create`, :func:`put`, :func:`delete`,
 :func:`get` and :func:`line`; :class:`Txn` is the parsed answer.
