@@ -17,7 +17,7 @@ import logging
 import math
 import socket
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +45,44 @@ RETRY_SHARE = 0.1
 TOKEN_REFRESH = 120.0
 
 
-@contextlib.contextmanager
-def translate(what: str, secrets: tuple[str, ...] = ()) -> Iterator[None]:
+def translate(what: str, secrets: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[None]:
     """THE translation of etcd3aio's and grpc's errors: UNAVAILABLE is transient and
     DEADLINE_EXCEEDED a timeout, whether etcd3aio or a call of our own (:mod:`._kv`) met it."""
-    try:
-        with translating(
-            "etcd",
-            (EtcdError, grpc.aio.AioRpcError),
-            (EtcdTransientError,),
-            what=what,
-            secrets=secrets,
-            transient=(EtcdConnectionError,),
-        ):
-            yield
-    except BackendError as error:
-        code = rpc_code(error) if isinstance(error.__cause__, grpc.aio.AioRpcError) else None
+    return _Translated(what, secrets)
+
+
+class _Translated:
+    """(a class, not a generator: it is entered twice per lock cycle)"""
+
+    __slots__ = ("secrets", "what")
+
+    def __init__(self, what: str, secrets: tuple[str, ...]) -> None:
+        self.what = what
+        self.secrets = secrets
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise BackendTimeout(f"etcd: {what} timed out") from error.__cause__
-        if code == grpc.StatusCode.UNAVAILABLE:
-            error.transient = True
-        raise
+            raise BackendTimeout(f"etcd: {self.what} timed out") from exc
+        try:
+            with translating(
+                "etcd",
+                (EtcdError, grpc.aio.AioRpcError),
+                (EtcdTransientError,),
+                what=self.what,
+                secrets=self.secrets,
+                transient=(EtcdConnectionError,),
+            ):
+                raise exc
+        except BackendError as error:
+            if code == grpc.StatusCode.UNAVAILABLE:
+                error.transient = True
+            raise
 
 
 def rpc_code(error: BaseException) -> Any:
