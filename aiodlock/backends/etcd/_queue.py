@@ -11,6 +11,7 @@ import logging
 import secrets
 from typing import Any
 
+import grpc.aio
 from etcd3aio import Etcd3Client, WatchFilter
 
 from ..._types import Request, Waiter
@@ -69,7 +70,7 @@ class Place:
     event: Wakeup = dataclasses.field(default_factory=Wakeup)
     ahead: bytes | None = None  # the key watched (the newest one older than ours)
     watch: asyncio.Task[None] | None = None
-    call: asyncio.Future[Any] | None = None  # the attempt's transaction, until answered
+    call: grpc.aio.UnaryUnaryCall[Any, Any] | None = None  # the attempt's txn, until answered
 
     def forget(self) -> None:
         """Our key is gone (with its lease): the next attempt makes a new one."""

@@ -30,10 +30,12 @@ from etcd3aio import (
     EtcdTransientError,
     TokenRefresher,
 )
+from etcd3aio.connections import ConnectionManager
 
-from ..._errors import BackendError, ConfigurationError, translating
+from ..._errors import BackendError, BackendTimeout, ConfigurationError, translating
 from ..._types import CommonConfig, monotonic
 from ..._wakeup import Heartbeat
+from ._kv import KV
 
 log = logging.getLogger("aiodlock.etcd")
 
@@ -44,15 +46,43 @@ TOKEN_REFRESH = 120.0
 
 
 def translate(what: str, secrets: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[None]:
-    """THE translation of etcd3aio's and grpc's errors (UNAVAILABLE is transient)."""
-    return translating(
-        "etcd",
-        (EtcdError, grpc.aio.AioRpcError),
-        (EtcdTransientError,),
-        what=what,
-        secrets=secrets,
-        transient=(EtcdConnectionError,),
-    )
+    """THE translation of etcd3aio's and grpc's errors: UNAVAILABLE is transient and
+    DEADLINE_EXCEEDED a timeout, whether etcd3aio or a call of our own (:mod:`._kv`) met it."""
+    return _Translated(what, secrets)
+
+
+class _Translated:
+    """(a class, not a generator: it is entered twice per lock cycle)"""
+
+    __slots__ = ("secrets", "what")
+
+    def __init__(self, what: str, secrets: tuple[str, ...]) -> None:
+        self.what = what
+        self.secrets = secrets
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise BackendTimeout(f"etcd: {self.what} timed out") from exc
+        try:
+            with translating(
+                "etcd",
+                (EtcdError, grpc.aio.AioRpcError),
+                (EtcdTransientError,),
+                what=self.what,
+                secrets=self.secrets,
+                transient=(EtcdConnectionError,),
+            ):
+                raise exc
+        except BackendError as error:
+            if code == grpc.StatusCode.UNAVAILABLE:
+                error.transient = True
+            raise
 
 
 def rpc_code(error: BaseException) -> Any:
@@ -67,7 +97,8 @@ LeaseLost = Callable[[int, str], None]
 
 
 class Session:
-    """One Etcd3Client and the lease every lock key of the client is attached to."""
+    """One Etcd3Client (leases, watches, authentication), a channel of our own for the
+    transactions (:mod:`._kv`), and the lease every lock key of the client is attached to."""
 
     def __init__(
         self,
@@ -88,6 +119,7 @@ class Session:
         self._on_lost = on_lost
         self._on_back = on_back
         self.client: Etcd3Client | None = None
+        self._kv: KV | None = None
         self._refresher: TokenRefresher | None = None
         #: The lease in force (0: none yet, or the last one was lost) and its grant on its way.
         self.lease = 0
@@ -104,16 +136,30 @@ class Session:
         if self._tls is not None:
             names = [h for h, _ in self.hosts if not _is_ip(h)]
             options.update(self._tls, tls_server_name=names[0] if names else None)
-        self.client = Etcd3Client(endpoints, **options)
+        self.client = client = Etcd3Client(endpoints, **options)
+        tls = self._tls or {}
+        tls_name = options.get("tls_server_name")
+        channel = ConnectionManager(endpoints).get_channel(**tls, tls_server_name=tls_name)
+        self._kv = KV(channel)
         with self.translate("connect"):
-            await self.client.connect()
+            await client.connect()
             async with asyncio.timeout(self.config.connect_timeout):
                 if self._credentials is not None:
                     user, password = self._credentials
-                    refresher = self.client.token_refresher(user, password, interval=TOKEN_REFRESH)
+                    assert client.auth is not None
+                    refresher = TokenRefresher(
+                        client.auth, self._set_token, user, password, interval=TOKEN_REFRESH
+                    )
                     await refresher.__aenter__()
                     self._refresher = refresher
                 await self.current()
+
+    def _set_token(self, token: str | None) -> None:
+        """The authentication token, for etcd3aio's calls and ours."""
+        if self.client is not None:
+            self.client.set_token(token)
+        if self._kv is not None:
+            self._kv.set_token(token)
 
     async def close(self) -> None:
         """Revoke the lease (its keys go at once) and disconnect."""
@@ -125,7 +171,11 @@ class Session:
             with contextlib.suppress(BaseException):
                 await self._granting
         lease, self.lease = self.lease, 0
+        kv, self._kv = self._kv, None
         client, self.client = self.client, None
+        if kv is not None:
+            with contextlib.suppress(Exception):
+                await kv.channel.close()
         if client is None:
             return
         if lease and client.lease is not None:
@@ -151,6 +201,13 @@ class Session:
         if self.client is None or self.closed:
             raise BackendError("etcd: the client is not open (or was closed)")
         return self.client
+
+    @property
+    def kv(self) -> KV:
+        """The transactions' channel."""
+        if self._kv is None or self.closed:
+            raise BackendError("etcd: the client is not open (or was closed)")
+        return self._kv
 
     async def current(self) -> int:
         """The lease in force, granted first when there is none (one grant at a time)."""

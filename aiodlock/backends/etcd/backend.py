@@ -1,11 +1,11 @@
 """``etcd://h1:2379,h2:2379`` (``etcds://``: TLS): the protocol of etcd's concurrency Mutex.
 
-One lease per client (:mod:`._session`).  An attempt is ONE transaction: if my key
-(:mod:`._keys`) has create_revision 0, put it with the lease; either way read the oldest key
-of the lock's prefix (and the newest one older than mine).  The lock is held when the
-oldest key is mine; a waiter watches the key just ahead for its DELETE (:mod:`._queue`) and
-asks again.  Release deletes my key only while its create_revision is the one granted.  The
-token is that create_revision.
+One lease per client (:mod:`._session`).  An attempt is ONE transaction (:mod:`._kv`): if
+my key (:mod:`._keys`) has create_revision 0, put it with the lease and read the two newest
+keys of the lock's prefix (mine, and the one just ahead if any); else read the newest key
+older than mine.  The lock is held when no key is older than mine; a waiter watches the key
+just ahead for its DELETE (:mod:`._queue`) and asks again.  Release deletes my key only while
+its create_revision is the one granted.  The token is that create_revision.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, Self
 from urllib.parse import quote
 
 import grpc
-from etcd3aio import prefix_range_end
 
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import Guaranteed
@@ -36,10 +35,11 @@ from ..._types import (
 from ..._url import ParsedURL, format_host, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
+from . import _kv as kv
 from ._keys import Keys
 from ._queue import Place, PlaceWaiter, deleted
 from ._session import Session, rpc_code, tls_options
-from ._txn import Held, LeaseGone, cmp_create, delete_op, get_op, line, put_op, retrieved
+from ._txn import Held, LeaseGone
 
 DEFAULT_PORT = 2379
 #: Seconds after a grant when the holder's watch on its own key is made.
@@ -178,37 +178,57 @@ class EtcdBackend(Backend):
             place.key, place.lease, place.revision = key, lease, 0
         known = place.revision
         prefix = self.keys.prefix(request.name)
-        put = put_op(key, request.owner, lease=lease)
+        put = kv.put(key, request.owner.encode("utf-8", "surrogatepass"), lease)
+        mine = kv.get(key, keys_only=True)
         if will_wait:
-            compare = [cmp_create(key, 0)]
-            success = [put, get_op(key), line(prefix), line(prefix, newest=True, limit=2)]
-            failure = [get_op(key), line(prefix), line(prefix, newest=True, below=known - 1)]
+            # A key just put is the newest: the two newest are mine and the one ahead, if any.
+            compare = [kv.cmp_create(key, 0)]
+            success = [put, kv.line(prefix, newest=True, limit=2)]
+            failure = [mine, kv.line(prefix, newest=True, below=known - 1)] if known else [mine]
         else:  # a try-lock puts its key only into an empty line
-            compare = [cmp_create(prefix, 0, range_end=prefix_range_end(prefix))]
-            success = [put, get_op(key), line(prefix)]
-            failure = [get_op(key), line(prefix)]
+            end = kv.prefix_end(prefix)
+            compare = [kv.cmp_create(prefix, 0, range_end=end)]
+            success = [put]
+            failure = [mine, kv.line(prefix)]
         sent = monotonic()
-        client = session.io
-        assert client.kv is not None
-        # NOTE: a cancelled call may still reach the server after a clean-up sent later on
-        # another stream: the call runs on, and abandon() awaits it before deleting.
-        call = place.call = asyncio.ensure_future(
-            client.kv.txn(compare, success, failure, timeout=self.config.op_timeout)
+        # NOTE: a cancelled attempt's call runs on (it may reach the server after a clean-up
+        # sent later on another stream): abandon() waits for its answer before deleting.
+        call = place.call = session.kv.txn(
+            kv.txn(compare, success, failure), self.config.op_timeout
         )
-        call.add_done_callback(retrieved)
         with self._lease_errors(lease, "acquire"):
-            reply = await asyncio.shield(call)
+            await kv.answered(call)
+            reply = await call
         place.call = None
-        ops = [r.response_range for r in reply.responses]
+        ahead: bytes | None = None
+        seen = reply.revision
         if reply.succeeded:
-            ops = ops[1:]  # (the put's answer)
-        mine = ops[0].kvs
-        if not mine:
-            del self._places[ident]
-            return Busy(None)  # a try-lock on a taken lock: nothing was put
-        revision = place.revision = mine[0].create_revision
-        oldest = ops[1].kvs
-        if oldest and oldest[0].key == key:
+            revision = place.revision = reply.revision  # (the put's revision)
+            if will_wait:
+                ahead = next((x.key for x in reply.range(1).kvs if x.key != key), None)
+        else:
+            found = reply.range(0).kvs
+            if not found:
+                del self._places[ident]
+                return Busy(None)  # a try-lock on a taken lock: nothing was put
+            revision = place.revision = found[0].create_revision
+            if not will_wait:
+                oldest = reply.range(1).kvs
+                if not oldest or oldest[0].key != key:  # (a key of an earlier, unanswered
+                    del self._places[ident]  # try of this acquire)
+                    await self._delete(key, revision, "acquire")
+                    return Busy(None)
+            elif known == revision:
+                older = reply.range(1).kvs
+                ahead = older[0].key if older else None
+            else:  # (the put of an attempt whose answer was lost: look, then ask again)
+                with self._lease_errors(lease, "acquire"):
+                    ahead, seen = await self._before(prefix, revision)
+                if ahead is None:
+                    request.queued = True
+                    place.event.set()
+                    return Busy(None)
+        if ahead is None:
             del self._places[ident]
             place.stop()
             held = Held(key, revision, lease)
@@ -216,23 +236,11 @@ class EtcdBackend(Backend):
             self._grants[key] = grant
             # A short hold needs no watch of its own (most end before it would be made).
             held.watch = asyncio.get_running_loop().call_later(
-                OWN_WATCH_DELAY, self._watch_own, grant, reply.header.revision
+                OWN_WATCH_DELAY, self._watch_own, grant, reply.revision
             )
             return grant
-        if not will_wait:  # (a key of an earlier, unanswered try of this acquire)
-            del self._places[ident]
-            await self._delete(key, revision, "acquire")
-            return Busy(None)
         request.queued = True
-        seen = reply.header.revision
-        ahead = next((bytes(kv.key) for kv in ops[2].kvs if kv.key != key), None)
-        if ahead is None or not (reply.succeeded or known == revision):
-            with self._lease_errors(lease, "acquire"):
-                ahead, seen = await self._before(prefix, revision)
-        if ahead is None:
-            place.event.set()  # (nothing older is left: ask again)
-        else:
-            place.arm(client, ahead, seen, sent, self.config.op_timeout)
+        place.arm(session.io, ahead, seen, sent, self.config.op_timeout)
         return Busy(None)
 
     def _watch_own(self, grant: Grant, revision: int) -> None:
@@ -252,14 +260,13 @@ class EtcdBackend(Backend):
             # The watch could not tell (compacted past its start, refused, failed): look.
             try:
                 with session.translate("watch"):
-                    kv = session.io.kv
-                    assert kv is not None
-                    reply = await kv.get(held.key, timeout=self.config.op_timeout)
+                    reply = await self._txn([], [kv.get(held.key, keys_only=True)])
             except BackendError:
                 return  # (a failing server: the lease's deadline decides, the release checks)
-            if not reply.kvs or reply.kvs[0].create_revision != held.revision:
+            found = reply.range(0).kvs
+            if not found or found[0].create_revision != held.revision:
                 break
-            revision = reply.header.revision
+            revision = reply.revision
         else:
             return  # (the release finds out)
         if self._grants.get(held.key) is grant and held.lease == session.lease:
@@ -271,12 +278,13 @@ class EtcdBackend(Backend):
     async def _before(self, prefix: bytes, revision: int) -> tuple[bytes | None, int]:
         """The newest key of the line created before ``revision`` now, and the revision read
         at (a waiter's watch looks at what changed since)."""
-        client = self._io.io
-        assert client.kv is not None
-        op = line(prefix, newest=True, below=revision - 1)
-        reply = await client.kv.txn([], [op], timeout=self.config.op_timeout)
-        kvs = reply.responses[0].response_range.kvs
-        return (bytes(kvs[0].key) if kvs else None), reply.header.revision
+        reply = await self._txn([], [kv.line(prefix, newest=True, below=revision - 1)])
+        kvs = reply.range(0).kvs
+        return (kvs[0].key if kvs else None), reply.revision
+
+    async def _txn(self, compare: list[bytes], success: list[bytes]) -> kv.Txn:
+        reply: kv.Txn = await self._io.kv.txn(kv.txn(compare, success), self.config.op_timeout)
+        return reply
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         key = (request.name, request.owner)
@@ -313,14 +321,10 @@ class EtcdBackend(Backend):
         assert self._cleanup is not None
 
         async def delete() -> bool:
-            client = session.io
-            assert client.kv is not None
-            compare = [cmp_create(key, revision)] if revision else []
+            compare = [kv.cmp_create(key, revision)] if revision else []
             with session.translate(what):
-                reply = await client.kv.txn(
-                    compare, [delete_op(key)], timeout=self.config.op_timeout
-                )
-            return bool(reply.succeeded and reply.responses[0].response_delete_range.deleted)
+                reply = await self._txn(compare, [kv.delete(key)])
+            return bool(reply.succeeded and reply.responses[0])
 
         until = monotonic() + self.config.op_timeout
         return await self._cleanup.run((key, revision), delete, until=until)
@@ -337,7 +341,7 @@ class EtcdBackend(Backend):
         place.stop()
         if place.call is not None:  # an attempt cut short: its put must not land later
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(place.call), self.config.op_timeout)
+                await asyncio.wait_for(kv.answered(place.call), self.config.op_timeout)
         session = self.session
         if session is not None and not session.closed and place.key:
             # (the key is this acquisition's own: deleting it unconditionally, later if
@@ -348,15 +352,11 @@ class EtcdBackend(Backend):
         """(only ``extend()``: the lease is kept alive by the session) Is each key still ours?"""
         session = self._io
         started = monotonic()
-        client = session.io
-        assert client.kv is not None
         with session.translate("renew"):
-            reply = await client.kv.txn(
-                [], [get_op(g.data.key) for g in grants], timeout=self.config.op_timeout
-            )
+            reply = await self._txn([], [kv.get(g.data.key, keys_only=True) for g in grants])
         results: list[float | None] = []
-        for grant, answer in zip(grants, reply.responses, strict=True):
-            kvs = answer.response_range.kvs
+        for index, grant in enumerate(grants):
+            kvs = reply.range(index).kvs
             ok = bool(kvs) and kvs[0].create_revision == grant.data.revision
             ok = ok and grant.data.lease == session.lease
             results.append(started + ttl if ok else None)
@@ -364,20 +364,16 @@ class EtcdBackend(Backend):
 
     # -- looking ---------------------------------------------------------------------------------
 
-    async def _line(self, name: str) -> tuple[Any, int]:
+    async def _line(self, name: str) -> tuple[kv.KeyValue | None, int]:
         """The holder's key-value (or None) and how many keys the line has."""
         prefix = self.keys.prefix(name)
-        head = line(prefix)
-        head.request_range.keys_only = False
-        count = get_op(prefix, range_end=prefix_range_end(prefix))
-        count.request_range.count_only = True
-        session = self._io
-        client = session.io
-        assert client.kv is not None
-        with session.translate("status"):
-            reply = await client.kv.txn([], [head, count], timeout=self.config.op_timeout)
-        kvs = reply.responses[0].response_range.kvs
-        return (kvs[0] if kvs else None), int(reply.responses[1].response_range.count)
+        end = kv.prefix_end(prefix)
+        head = kv.get(prefix, range_end=end, limit=1, order=kv.ASCEND)
+        count = kv.get(prefix, range_end=end, count_only=True)
+        with self._io.translate("status"):
+            reply = await self._txn([], [head, count])
+        kvs = reply.range(0).kvs
+        return (kvs[0] if kvs else None), reply.range(1).count
 
     async def status(self, name: str) -> LockStatus | None:
         holder, count = await self._line(name)
@@ -396,4 +392,4 @@ class EtcdBackend(Backend):
         holder, _ = await self._line(name)
         if holder is None:
             return False
-        return await self._delete(bytes(holder.key), holder.create_revision, "force_release")
+        return await self._delete(holder.key, holder.create_revision, "force_release")
