@@ -4,8 +4,9 @@ A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespa
 (:func:`._statements.lock_key`), taken on the client's ONE holder connection; the same
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
 release unlocks and, only when a client waits for the key, NOTIFYs the one that has waited
-longest; each client LISTENs on one connection and wakes only its local waiter of that key.  The lease is
-the holder session: its end is the loss of every lock on it.  See docs/backends/postgres.md.
+longest; each client LISTENs on one connection and wakes only its local waiter of that key.
+The lease is the holder session: its end is the loss of every lock on it.  See
+docs/backends/postgres.md.
 """
 
 from __future__ import annotations
