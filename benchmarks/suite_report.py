@@ -251,6 +251,15 @@ def markdown(doc: dict[str, Any]) -> str:
 COLOURS = {"aiodlock": "#1f5fa8", "peer": "#e08a1e", "floor": "#8c8c8c", "E": "#7fb3e6"}
 
 
+def _tick(value: float) -> str:
+    """An axis tick: 0.1, 1, 10, 100, 1k, 10k, 100k, 1M."""
+    if value >= 1e6:
+        return f"{value / 1e6:g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:g}k"
+    return f"{value:g}"
+
+
 def chart(doc: dict[str, Any], path: Path) -> None:
     """Two panels, one group of bars per backend: cycles/s (aiodlock, its fastest peer, its
     floor) and hand-off p99 (aiodlock, its quickest peer, aiodlock across 4 processes)."""
@@ -309,17 +318,17 @@ def chart(doc: dict[str, Any], path: Path) -> None:
                 text = f" {value:,.0f}" if unit == "cycles/s" else f" {value:.3g}"
                 if colour == "peer" and row.get("name"):
                     text += f" {row['name']}"
+                if key == "handoff_p99_ms" and "max" in row.get("note", ""):
+                    text += " (max)"
                 ax.text(value, y, text, va="center", fontsize=8)
         ax.set_xscale("log")
         if values_seen:
-            ax.set_xlim(min(values_seen) / 2, max(values_seen) * 12)
+            ax.set_xlim(min(values_seen) / 2, max(values_seen) * 7)
         ax.set_yticks(range(n), [s["backend"] for s in entries], fontsize=10)
         ax.invert_yaxis()
         ax.set_xlabel(unit, fontsize=9)
         ax.set_title(title, fontsize=10, loc="left", pad=22)
-        ax.xaxis.set_major_formatter(
-            FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
-        )
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(v)))
         ax.grid(axis="x", color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
         ax.tick_params(axis="x", labelsize=8)
