@@ -14,7 +14,7 @@ it writes:
 * E: 4 OS processes x 2 tasks contending for one name on each server backend and SQLite
   (``benchmarks.crossprocess``): hand-off gap across processes, fairness.
 
-    python -m benchmarks.suite              # about 6-8 minutes on 2 cores
+    python -m benchmarks.suite              # about 5 minutes on 2 cores
     python -m benchmarks.suite --quick      # a smoke run, about 1 minute (numbers are noise)
     python -m benchmarks.suite --backends redis,etcd
     python -m benchmarks.suite --render benchmarks/results/suite.json   # redraw only
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": [],
         "E": [],
     }
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)
     started = time.perf_counter()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn(
         "{task.completed}/{task.total}"), TimeElapsedColumn())  # fmt: skip

@@ -267,7 +267,7 @@ def chart(doc: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     entries = summary(doc["rows"], doc["E"])
     n = len(entries)
@@ -325,7 +325,8 @@ def chart(doc: dict[str, Any], path: Path) -> None:
         if values_seen:
             ax.set_xlim(min(values_seen) / 2, max(values_seen) * 7)
         ax.set_yticks(range(n), [s["backend"] for s in entries], fontsize=10)
-        ax.invert_yaxis()
+        ax.set_ylim(n - 0.5, -0.5)  # (the first backend on top)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(unit, fontsize=9)
         ax.set_title(title, fontsize=10, loc="left", pad=22)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(v)))

@@ -141,3 +141,18 @@ def test_unknown_backend_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         suite.parse_args(["--backends", "redis,oracle"])
     assert "unknown backend(s) oracle" in capsys.readouterr().err
+
+
+def test_a_failing_step_is_reported_with_its_log(tmp_path: Path) -> None:
+    lines: list[str] = []
+
+    def run(args: list[str]) -> str:
+        step = suite.Step("x A/B", "x", "AB", args, "x.json", lambda doc: [])
+        return suite._run_step(step, tmp_path, 30.0, lines.append)
+
+    error = run(["benchmarks.suite", "--backends", "oracle"])
+    assert error.startswith("exit 2; see ")
+    log = (tmp_path / "x-AB.log").read_text()
+    assert "unknown backend(s) oracle" in log
+    assert any("unknown backend(s) oracle" in line for line in lines)  # shown while it runs
+    assert run(["benchmarks.suite", "--help"]).startswith("wrote no x.json")
