@@ -13,6 +13,7 @@ its own (and their min/max ratio), and a verdict against ``TARGET``.
     python -m benchmarks.crossprocess --backend redis [--fair]   # 4 x 2 tasks x 100, 1 ms
     python -m benchmarks.crossprocess --backend sqlite --save    # also results/*.json, .md
     python -m benchmarks.crossprocess --backend mysql-row        # (mysql, mysql-named too)
+    python -m benchmarks.crossprocess --backend etcd             # (postgres too)
 
 Servers are fresh, on free loopback ports (``benchmarks/server.py``); SQLite uses a file in
 a temporary directory.
@@ -37,12 +38,31 @@ from pathlib import Path
 from typing import Any
 
 from .runner import RESULTS_DIR, _loadavg, save_run, side_report_head
-from .server import ROOT, log, mariadb_server, redis_masters, redis_server, zookeeper_server
+from .server import (
+    ROOT,
+    etcd_server,
+    log,
+    mariadb_server,
+    redis_masters,
+    redis_server,
+    temporary_server,
+    zookeeper_server,
+)
 from .stats import summary_ms
 
 __all__ = ["BACKENDS", "TARGET", "analyse", "main", "run"]
 
-BACKENDS = ("sqlite", "redis", "redlock", "zookeeper", "mysql", "mysql-named", "mysql-row")
+BACKENDS = (
+    "sqlite",
+    "redis",
+    "redlock",
+    "zookeeper",
+    "etcd",
+    "mysql",
+    "mysql-named",
+    "mysql-row",
+    "postgres",
+)
 MIN_SHARE, MAX_WAIT_MS = 0.5, 100.0
 TARGET = (
     "every process has at least half as many acquisitions as the busiest one by the time "
@@ -66,6 +86,14 @@ def backend_url(backend: str, *, force_sync: bool = True) -> Iterator[tuple[str,
         with zookeeper_server(force_sync) as server:
             sync = "yes" if force_sync else "no"
             yield server.url, f"ZooKeeper on {server.address} (standalone, forceSync={sync})"
+    elif backend == "etcd":
+        with etcd_server(tmpfs=True) as server:
+            yield server.url, f"etcd on {server.address} (single member, data on /dev/shm)"
+    elif backend == "postgres":
+        with temporary_server(
+            "postgres", lambda servers, base: servers.PostgresServer(base), "aiodlock-bench-pg-"
+        ) as server:
+            yield server.url, f"PostgreSQL on {server.address} (loopback, fsync off)"
     elif backend.startswith("mysql"):
         strategy = backend.partition("-")[2] or "table"
         with mariadb_server() as server:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiodlock
@@ -215,6 +217,14 @@ async def run(args: argparse.Namespace) -> int:
     ]
     for label, ok in targets:
         print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {label}")
+    if args.json:  # (read by benchmarks.suite)
+        doc = {
+            "A": {"aiodlock": a_ours, "aetcd": a_peer},
+            "B": {"aiodlock": {"p50_ms": p50, "p99_ms": p99, "n": len(gaps)}},
+            "wakeups_per_handoff": per,
+            "missed": missed,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")  # noqa: ASYNC240
     return 0
 
 
@@ -225,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--a-rounds", type=int, default=5, help="A: interleaved rounds")
     parser.add_argument("--turns", type=int, default=300, help="B: turns per client")
     parser.add_argument("--etcdctl", action="store_true", help="A: also etcdctl lock")
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers to PATH")
     parser.add_argument(
         "--disk", action="store_true", help="the member's data on disk, not /dev/shm"
     )

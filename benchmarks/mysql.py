@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
 from typing import Any
@@ -185,6 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=30, help="hand-offs per strategy")
     p.add_argument("--waiters", type=int, default=100, help="waiters on the pool of 10")
     p.add_argument("--quick", action="store_true", help="a smoke run (numbers are noise)")
+    p.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     args = p.parse_args(argv)
     if args.quick:
         args.cycles, args.rounds, args.waiters = 20, 3, 20
@@ -192,8 +194,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    result = asyncio.run(run(args))
     print("\n".join(report(result)))
+    if args.json:  # (read by benchmarks.suite)
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=2)
     return 0
 
 

@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--b-clients", type=int, default=4)
     parser.add_argument("--b-cycles", type=int, default=200)
     parser.add_argument("--waiters", type=int, default=100)
+    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     args = parser.parse_args(argv)
     if args.quick:
         args.a_rounds, args.a_seconds, args.b_cycles, args.waiters = 2, 0.5, 30, 20
@@ -225,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {text}: {value:.3g}")
     print(f"polling loop: hand-off gap p50 {result['B']['polling']['p50_ms']:.1f} ms, "
           f"p99 {result['B']['polling']['p99_ms']:.1f} ms")  # fmt: skip
+    if args.json:  # (read by benchmarks.suite)
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=2)
     if not args.quick:
         name = "postgres-durable" if args.durable else "postgres"
         out = ROOT / "benchmarks" / "results" / f"{name}.json"
