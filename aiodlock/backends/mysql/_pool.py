@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
+from ..._retry import retrying
 from .._sql import Batch, Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
@@ -120,8 +121,10 @@ class ConnectionPool:
         connect: Callable[[], Awaitable[Connection]],
         size: int,
         is_closed: Callable[[Connection], bool],
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self._connect = connect
+        self._secrets = secrets
         self._is_closed = is_closed
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(size)
@@ -148,25 +151,34 @@ class ConnectionPool:
             else:
                 self._idle.append(conn)
 
-    async def run(self, fn: Callable[[Connection, Run], Awaitable[T]]) -> T:
-        """``fn(connection, run)`` on a lent connection; again on another one when an idle
-        connection turned out dead before anything was committed (the server restarted, or
-        closed it), and after a deadlock or a lock wait timeout (rolled back by the server).
-        The caller bounds the time."""
-        stale_ok = True
-        while True:
+    async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
+        """``fn(connection, run)`` on a lent connection, its errors translated; again (the
+        core's :func:`~aiodlock._retry.retrying`) on another one when an idle connection
+        turned out dead before anything was committed (the server restarted, or closed it:
+        once), and after a deadlock or a lock wait timeout (rolled back by the server: until
+        the caller's time is up).  The caller bounds the time."""
+        stale = stale_used = False
+
+        async def attempt() -> T:
+            nonlocal stale
             run, reused = Run(), False
             try:
-                async with self.connection() as (conn, reused):
-                    return await fn(conn, run)
-            except Exception as exc:
-                if reused and stale_ok and is_lost(exc) and not run.committing:
-                    stale_ok = False
-                    continue
-                if is_retryable(exc):
-                    await asyncio.sleep(0.001)
-                    continue
+                with translate(what, self._secrets):
+                    async with self.connection() as (conn, reused):
+                        return await fn(conn, run)
+            except BackendError as error:
+                cause = error.__cause__
+                stale = reused and cause is not None and is_lost(cause) and not run.committing
                 raise
+
+        def again(error: BackendError) -> bool:
+            nonlocal stale_used
+            if stale and not stale_used:
+                stale_used = True  # (once: a second dead one means the server is down)
+                return True
+            return error.__cause__ is not None and is_retryable(error.__cause__)
+
+        return await retrying(attempt, retry_if=again, what=f"mysql {what}", first=0.001, cap=0.05)
 
     async def settle(self) -> None:
         """End the server sessions of the connections closed in the middle of a call, and
@@ -194,7 +206,7 @@ class ConnectionPool:
                         return
                     await asyncio.sleep(0.001)
 
-        await self.run(kill)
+        await self.run(kill, "abandon")
 
     async def aclose(self) -> None:
         self.closed = True

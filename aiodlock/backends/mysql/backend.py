@@ -77,7 +77,7 @@ class MySQLBackend(LockTableBackend):
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
                 return await pool.run(
-                    lambda conn, run: run_on(conn, script(), write=write, run=run)
+                    lambda conn, run: run_on(conn, script(), write=write, run=run), what
                 )
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
@@ -106,7 +106,9 @@ class MySQLBackend(LockTableBackend):
         if self._pool is not None:
             return
         driver = load(self.settings.driver)
-        self._pool = ConnectionPool(self._connect, self.settings.pool_size, driver.is_closed)
+        self._pool = ConnectionPool(
+            self._connect, self.settings.pool_size, driver.is_closed, self.settings.secrets
+        )
         try:
             await self._call("open", self._schema, write=False)
         except BaseException:

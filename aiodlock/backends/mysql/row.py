@@ -112,7 +112,7 @@ class RowBackend(Backend):
 
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
-                return await self._pool.run(call)
+                return await self._pool.run(call, what)
 
     async def _short(self, what: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One statement on a pooled connection."""
@@ -128,7 +128,10 @@ class RowBackend(Backend):
             return
         self._on_lost = on_lost
         self._pool = ConnectionPool(
-            lambda: connect(self.settings, self.config), self.settings.pool_size, self._is_closed
+            lambda: connect(self.settings, self.config),
+            self.settings.pool_size,
+            self._is_closed,
+            self.settings.secrets,
         )
         try:
             for ddl in (*MYSQL.create_tables("aiodlock_locks", COUNTERS), holders_ddl(), _ROWS_DDL):
