@@ -16,15 +16,13 @@ from aiodlock.backends.mysql import MySQLBackend
 from tests.helpers import HANG, eventually
 from tests.servers import MariaDBServer
 
-from .mysql_helpers import backend_of
+from .mysql_helpers import DRIVERS, backend_of
 
 Rows = Callable[[], list[tuple[str, ...]]]
 
 
-@pytest.fixture(params=["aiomysql", "asyncmy"])
+@pytest.fixture(params=DRIVERS)
 def lock_url(request: pytest.FixtureRequest, mysql_url: str) -> str:
-    if request.param == "asyncmy":
-        pytest.importorskip("asyncmy")
     return f"{mysql_url}?driver={request.param}"
 
 
