@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
 from ..._retry import retrying
+from ..._types import monotonic
 from .._sql import Batch, Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
@@ -128,8 +129,9 @@ class ConnectionPool:
         self._is_closed = is_closed
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(size)
-        #: Server sessions of connections closed in the middle of a call (see :meth:`settle`).
-        self._orphans: list[int] = []
+        #: (server session, when) of connections closed as their call was cancelled (see
+        #: :meth:`settle`).
+        self._orphans: list[tuple[int, float]] = []
         self.closed = False
 
     @contextlib.asynccontextmanager
@@ -142,8 +144,9 @@ class ConnectionPool:
             conn = self._idle.pop() if reused else await self._connect()
             try:
                 yield conn, reused
-            except BaseException:
-                self._orphans.append(conn.thread_id())
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError):  # (what it sent may still run)
+                    self._orphans.append((conn.thread_id(), monotonic()))
                 conn.close()  # its state is unknown: the server rolls back what it had open
                 raise
             if self.closed or self._is_closed(conn):
@@ -180,13 +183,17 @@ class ConnectionPool:
 
         return await retrying(attempt, retry_if=again, what=f"mysql {what}", first=0.001, cap=0.05)
 
-    async def settle(self) -> None:
-        """End the server sessions of the connections closed in the middle of a call, and
-        wait until the server has: a batch sent just before its caller was cancelled may not
-        have begun yet, and would then run (and commit) after whatever comes next.  KILL
-        ends a session that waits for its query or runs it (rolling back what it had not
-        committed); once the server lists none of them, each one's fate is sealed."""
-        sessions, self._orphans = self._orphans, []
+    async def settle(self, within: float) -> None:
+        """End the server sessions of the connections closed as their call was cancelled in
+        the last ``within`` seconds, and wait until the server has: a batch sent just before
+        its caller was cancelled may not have begun yet, and would then run (and commit)
+        after whatever comes next.  KILL ends a session that waits for its query or runs it
+        (rolling back what it had not committed); once the server lists none of them, each
+        one's fate is sealed.  (Older ones are forgotten: a session number is reused after a
+        restart of the server, and must never end a session of somebody else.)"""
+        since = monotonic() - within
+        sessions = [session for session, at in self._orphans if at >= since]
+        self._orphans = []
         if not sessions:
             return
         listed = ", ".join(["%s"] * len(sessions))

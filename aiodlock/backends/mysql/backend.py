@@ -95,7 +95,7 @@ class MySQLBackend(LockTableBackend):
         if pool is not None:
             with translate("abandon", self.settings.secrets):
                 async with asyncio.timeout(self.config.op_timeout):
-                    await pool.settle()
+                    await pool.settle(within=self.config.op_timeout)
         await super().abandon(request)
 
     def _schema(self) -> Script[None]:
