@@ -4,7 +4,10 @@
 contract onto them.  A SQL backend adds only its connection: :meth:`LockTableBackend._run`,
 which runs a READ script outside any write transaction and then, only if the read did not
 answer (returned ``None``), a WRITE script in one transaction.  A poll that finds a live
-holder, or a clean-up that finds nothing, so costs no write lock.
+holder, or a clean-up that finds nothing, so costs no write lock.  Where the table has a
+fast path (:mod:`aiodlock.backends._sql_fast`: a dialect that sends batches), an attempt
+that is not in the line of waiters, and every release, try it first: one round trip, with
+its own transaction; the scripts decide what it leaves to them.
 
 A waiter polls with capped, jittered backoff (nothing tells another process that a row
 went); a release in THIS process wakes a local waiter at once through the wake-up board that
