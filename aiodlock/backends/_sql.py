@@ -1,4 +1,4 @@
-"""The lock-table design shared by the SQL backends (SQLite today, MySQL/MariaDB next).
+"""The lock-table design shared by the SQL backends (SQLite and MySQL/MariaDB).
 
 ``aiodlock_locks`` holds one row per HELD name under the unique key (namespace, name):
 the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, the expiry
@@ -9,7 +9,9 @@ Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` 
 that returns the outcome), run on ``sqlite3`` in a worker thread (:func:`run_script`) or on an
 async driver (:func:`run_script_async`).  *Write* scripts run in one transaction that
 serialises writers of the row (SQLite ``BEGIN IMMEDIATE``; InnoDB ``FOR UPDATE``), *read*
-scripts outside any.
+scripts outside any.  A dialect that sends several statements at once also gets the
+one-round-trip fast path of :mod:`aiodlock.backends._sql_fast` (a :class:`Batch` brings its
+own transaction).
 """
 
 from __future__ import annotations
