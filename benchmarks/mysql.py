@@ -4,14 +4,17 @@ The floor is the fewest statements a correct table lock needs: an ``INSERT`` of 
 row and a ``DELETE`` by owner, on one connection in autocommit.  Measured, on a fresh
 MariaDB on a free loopback port (``tests/servers.py``):
 
-* uncontended lock cycles per second (one client, one task) for the floor and each strategy;
+* uncontended lock cycles per second (one client, one task) for the floor and each strategy,
+  with each driver (``aiomysql``, ``asyncmy``), interleaved over ``--repeats`` rounds (the
+  median of each is reported: a shared machine is noisy);
 * the hand-off gap: a waiter in another client of the same process takes the name after
   the holder releases it (p50 and max, ms);
 * pool exhaustion: 100 waiters on a pool of 10 (``strategy=table``) while the name is held;
   a ``status()`` call must still answer at once, and every waiter gets its turn.
 
-    python -m benchmarks.mysql                 # ~20 s
-    python -m benchmarks.mysql --quick         # a smoke run
+    python -m benchmarks.mysql                      # ~40 s, both drivers
+    python -m benchmarks.mysql --driver asyncmy     # one driver
+    python -m benchmarks.mysql --quick              # a smoke run
 
 Prints a table and the targets of issue 14 (PASS/FAIL); the numbers are in
 docs/backends/mysql.md.
@@ -35,15 +38,21 @@ __all__ = ["STRATEGIES", "main", "run"]
 STRATEGIES = ("table", "named", "row")
 
 
-async def floor(port: int, database: str, cycles: int) -> float:
+async def floor(port: int, database: str, cycles: int, driver: str) -> float:
     """Cycles per second of INSERT + DELETE by owner on one autocommit connection."""
-    import aiomysql
+    from aiodlock.backends.mysql._driver import load
 
-    conn = await aiomysql.connect(
-        host="127.0.0.1", port=port, user="root", db=database, autocommit=True
+    conn = await load(driver).connect(
+        host="127.0.0.1",
+        port=port,
+        user="root",
+        password="",
+        database=database,
+        connect_timeout=10,
     )
     try:
         async with conn.cursor() as cursor:
+            await cursor.execute("SET sql_notes = 0")  # (the table exists after round 1)
             await cursor.execute(
                 "CREATE TABLE IF NOT EXISTS bench_floor "
                 "(name VARBINARY(255) PRIMARY KEY, owner VARCHAR(64) NOT NULL)"
@@ -131,50 +140,83 @@ async def exhaustion(url: str, waiters: int, pool: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    drivers: list[str] = args.drivers
     with mariadb_server() as server:
         log(f"MariaDB on {server.address}")
-        result: dict[str, Any] = {"floor": await floor(server.port, server.database, args.cycles)}
-        for strategy in STRATEGIES:
-            url = f"{server.url}?strategy={strategy}"
-            gaps = await handoff(url, args.rounds)
-            result[strategy] = {
-                "cycles_per_s": await uncontended(url, args.cycles),
-                "handoff_p50_ms": statistics.median(gaps),
-                "handoff_max_ms": max(gaps),
-            }
-        result["exhaustion"] = await exhaustion(f"{server.url}?strategy=table", args.waiters, 10)
-        result["waiters"] = args.waiters
+        cycles: dict[tuple[str, str], list[float]] = {}
+        for round_ in range(args.repeats):  # (interleaved: the machine's load hits all alike)
+            log(f"round {round_ + 1} of {args.repeats}")
+            for driver in drivers:
+                rate = await floor(server.port, server.database, args.cycles, driver)
+                cycles.setdefault((driver, "floor"), []).append(rate)
+                for strategy in STRATEGIES:
+                    url = f"{server.url}?strategy={strategy}&driver={driver}"
+                    rate = await uncontended(url, args.cycles)
+                    cycles.setdefault((driver, strategy), []).append(rate)
+        result: dict[str, Any] = {"drivers": drivers, "waiters": args.waiters}
+        for driver in drivers:
+            per: dict[str, Any] = {"floor": statistics.median(cycles[(driver, "floor")])}
+            for strategy in STRATEGIES:
+                url = f"{server.url}?strategy={strategy}&driver={driver}"
+                gaps = await handoff(url, args.rounds)
+                per[strategy] = {
+                    "cycles_per_s": statistics.median(cycles[(driver, strategy)]),
+                    "handoff_p50_ms": statistics.median(gaps),
+                    "handoff_max_ms": max(gaps),
+                }
+            per["exhaustion"] = await exhaustion(
+                f"{server.url}?strategy=table&driver={driver}", args.waiters, 10
+            )
+            result[driver] = per
     return result
 
 
 def report(result: dict[str, Any]) -> list[str]:
     lines = [
-        "| | cycles/s | x floor | hand-off p50 / max ms |",
-        "|---|---:|---:|---:|",
-        f"| floor (INSERT + DELETE) | {result['floor']:,.0f} | 1.00 | |",
+        "| driver | | cycles/s | x floor | hand-off p50 / max ms |",
+        "|---|---|---:|---:|---:|",
     ]
-    for strategy in STRATEGIES:
-        r = result[strategy]
-        lines.append(
-            f"| {strategy} | {r['cycles_per_s']:,.0f} | {r['cycles_per_s'] / result['floor']:.2f}"
-            f" | {r['handoff_p50_ms']:.2f} / {r['handoff_max_ms']:.2f} |"
-        )
-    ex = result["exhaustion"]
+    targets: list[tuple[str, bool]] = []
+    for driver in result["drivers"]:
+        r = result[driver]
+        lines.append(f"| {driver} | floor (INSERT + DELETE) | {r['floor']:,.0f} | 1.00 | |")
+        for strategy in STRATEGIES:
+            s = r[strategy]
+            lines.append(
+                f"| {driver} | {strategy} | {s['cycles_per_s']:,.0f} "
+                f"| {s['cycles_per_s'] / r['floor']:.2f} "
+                f"| {s['handoff_p50_ms']:.2f} / {s['handoff_max_ms']:.2f} |"
+            )
+        ex = r["exhaustion"]
+        all_served = ex["served"] == result["waiters"]
+        targets += [
+            (
+                f"{driver}: table uncontended >= 0.8x the floor",
+                r["table"]["cycles_per_s"] >= 0.8 * r["floor"],
+            ),
+            (f"{driver}: named hand-off p50 < 5 ms", r["named"]["handoff_p50_ms"] < 5),
+            (f"{driver}: row hand-off p50 < 5 ms", r["row"]["handoff_p50_ms"] < 5),
+            (
+                f"{driver}: no pool exhaustion (status < 1 s, all served)",
+                ex["status_ms"] < 1000 and all_served,
+            ),
+        ]
     lines.append("")
-    lines.append(
-        f"{result['waiters']} waiters on a pool of 10: status() in {ex['status_ms']:.1f} ms "
-        f"while they wait; {ex['served']} served in {ex['all_served_s']:.2f} s after the release"
-    )
-    all_served = ex["served"] == result["waiters"]
-    targets = [
-        (
-            "table uncontended >= 0.8x the floor",
-            result["table"]["cycles_per_s"] >= 0.8 * result["floor"],
-        ),
-        ("named hand-off p50 < 5 ms", result["named"]["handoff_p50_ms"] < 5),
-        ("row hand-off p50 < 5 ms", result["row"]["handoff_p50_ms"] < 5),
-        ("no pool exhaustion (status < 1 s, all served)", ex["status_ms"] < 1000 and all_served),
-    ]
+    for driver in result["drivers"]:
+        ex = result[driver]["exhaustion"]
+        lines.append(
+            f"{driver}: {result['waiters']} waiters on a pool of 10: status() in "
+            f"{ex['status_ms']:.1f} ms while they wait; {ex['served']} served in "
+            f"{ex['all_served_s']:.2f} s after the release"
+        )
+    if len(result["drivers"]) > 1:
+        first, *others = result["drivers"]
+        for other in others:
+            for what in ("floor", *STRATEGIES):
+                a, b = result[first][what], result[other][what]
+                a = a if what == "floor" else a["cycles_per_s"]
+                b = b if what == "floor" else b["cycles_per_s"]
+                lines.append(f"{what}: {other} / {first} = {b / a:.2f}")
     lines.append("")
     lines += [f"- {name}: {'PASS' if ok else 'FAIL'}" for name, ok in targets]
     return lines
@@ -183,13 +225,22 @@ def report(result: dict[str, Any]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.mysql", description=__doc__)
     p.add_argument("--cycles", type=int, default=300, help="uncontended cycles per strategy")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the cycles")
+    p.add_argument(
+        "--driver",
+        dest="drivers",
+        action="append",
+        choices=("aiomysql", "asyncmy"),
+        help="a driver to measure (repeat it for several; default: both)",
+    )
     p.add_argument("--rounds", type=int, default=30, help="hand-offs per strategy")
     p.add_argument("--waiters", type=int, default=100, help="waiters on the pool of 10")
     p.add_argument("--quick", action="store_true", help="a smoke run (numbers are noise)")
     p.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     args = p.parse_args(argv)
+    args.drivers = args.drivers or ["aiomysql", "asyncmy"]
     if args.quick:
-        args.cycles, args.rounds, args.waiters = 20, 3, 20
+        args.cycles, args.rounds, args.waiters, args.repeats = 20, 3, 20, 1
     return args
 
 

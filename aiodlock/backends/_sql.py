@@ -1,4 +1,4 @@
-"""The lock-table design shared by the SQL backends (SQLite today, MySQL/MariaDB next).
+"""The lock-table design shared by the SQL backends (SQLite and MySQL/MariaDB).
 
 ``aiodlock_locks`` holds one row per HELD name under the unique key (namespace, name):
 the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, the expiry
@@ -9,7 +9,9 @@ Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` 
 that returns the outcome), run on ``sqlite3`` in a worker thread (:func:`run_script`) or on an
 async driver (:func:`run_script_async`).  *Write* scripts run in one transaction that
 serialises writers of the row (SQLite ``BEGIN IMMEDIATE``; InnoDB ``FOR UPDATE``), *read*
-scripts outside any.
+scripts outside any.  A dialect that sends several statements at once also gets the
+one-round-trip fast path of :mod:`aiodlock.backends._sql_fast` (a :class:`Batch` brings its
+own transaction).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from .._types import Busy
 
 __all__ = [
+    "Batch",
     "Behind",
     "Dialect",
     "Execute",
@@ -32,6 +35,7 @@ __all__ = [
     "LockTable",
     "Script",
     "encode_name",
+    "micros",
     "run_script",
     "run_script_async",
 ]
@@ -55,7 +59,19 @@ class Execute:
     params: tuple[Any, ...]
 
 
-Statement = Fetch | Execute
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """Several statements (``;``-separated) sent in ONE round trip, where the dialect can
+    (:attr:`Dialect.batches`); the script receives ``[(rowcount, rows), ...]``, one per
+    statement.  ``retry_safe``: running it twice is harmless (a lost reply may be retried on
+    another connection even if the server ran it)."""
+
+    sql: str
+    params: tuple[Any, ...]
+    retry_safe: bool = False
+
+
+Statement = Fetch | Execute | Batch
 #: A generator that yields statements, receives their results and returns an outcome.
 Script = Generator[Statement, Any, T]
 
@@ -89,7 +105,8 @@ def encode_name(name: str) -> bytes:
     return name.encode("utf-8", "surrogatepass")
 
 
-def _micros(seconds: float) -> int:
+def micros(seconds: float) -> int:
+    """``seconds`` as whole microseconds (at least 1)."""
     return max(1, round(seconds * 1_000_000))
 
 
@@ -106,6 +123,14 @@ class Dialect:
     #: A query returning the server clock as integer microseconds since the epoch, or
     #: ``None`` to use the local wall clock (:func:`time.time`).
     now_sql: str | None = None
+    #: The server clock as an SQL expression (integer microseconds), for statements that
+    #: read it inline; ``None``: the dialect has none (the local clock is used).
+    now_expr: str | None = None
+    #: Several statements can go in one round trip (:class:`Batch`): the table's fast path
+    #: (:mod:`aiodlock.backends._sql_fast`) is available.
+    batches: bool = False
+    #: The statement that opens a write transaction inside a :class:`Batch`.
+    begin_sql: str = "BEGIN"
     #: How many expired rows one grant deletes at most (keeps every write short).
     sweep_limit: int = 64
     #: The SQL expression a name's parameter stands in (e.g. ``"UNHEX(?)"``).
@@ -122,6 +147,19 @@ class Dialect:
     def bump_counter(self, counters: str) -> str:
         """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)
         (the name's placeholder written as :attr:`name_sql`)."""
+        raise NotImplementedError
+
+    def insert_select(self, table: str, columns: str, select: str, on_duplicate: str) -> str:
+        """``INSERT INTO table (columns) select`` that, on a duplicate key, applies the
+        assignments ``on_duplicate`` (columns written ``table.column``) to the row there
+        (only a dialect with :attr:`batches` needs it)."""
+        raise NotImplementedError
+
+    def bump_if_inserted(self, counters: str) -> tuple[str, str]:
+        """For a :class:`Batch`: a statement that adds 1 to the counter of ``(namespace,
+        name)`` (params (ns, name); a missing row starts at 1) only if the statement just
+        before it inserted a row, and an expression that reads the new value later in the
+        same batch (only a dialect with :attr:`batches` needs it)."""
         raise NotImplementedError
 
     def sweep_expired(self, locks: str) -> str:
@@ -170,7 +208,7 @@ class LockTable:
         self.locks = locks
         self.counters = counters
         self.line = line
-        q = self._render
+        q = self.render
         cols = "owner, token, expires_at, version"
         n = dialect.name_sql
         key = f"namespace = ? AND name = {n}"
@@ -211,7 +249,8 @@ class LockTable:
         self._in_line = q(f"SELECT 1 FROM {line} WHERE {key} AND owner = ?")
         self._sweep_line = q(dialect.sweep_expired(line))
 
-    def _render(self, sql: str) -> str:
+    def render(self, sql: str) -> str:
+        """``sql`` with its ``?`` placeholders written as the dialect's."""
         placeholder = self.dialect.placeholder
         return sql if placeholder == "?" else sql.replace("?", placeholder)
 
@@ -219,7 +258,7 @@ class LockTable:
         """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
         ddl = [*self.dialect.create_tables(self.locks, self.counters)]
         ddl += self.dialect.create_line(self.line)
-        return [self._render(s) for s in ddl]
+        return [self.render(s) for s in ddl]
 
     def now(self) -> Script[int]:
         """Server time in microseconds (without ``now_sql``: the local wall clock)."""
@@ -228,7 +267,8 @@ class LockTable:
         rows = yield Fetch(self._now, ())
         return int(rows[0][0])
 
-    def _key(self, name: str) -> Any:
+    def key(self, name: str) -> Any:
+        """The parameter that stands for ``name`` (see :attr:`Dialect.name_sql`)."""
         return self.dialect.name_param(encode_name(name))
 
     def _next_token(self, key: Any) -> Script[int]:
@@ -244,7 +284,7 @@ class LockTable:
         if held is not None:
             return Busy(held.expires_in) if held.owner != owner else None
         # Nobody barges past the line: a free name with waiters in line is theirs.
-        head = yield Fetch(self._head, (self.namespace, self._key(name), now))
+        head = yield Fetch(self._head, (self.namespace, self.key(name), now))
         return Busy() if head and head[0][0] != owner else None
 
     def attempt(
@@ -257,11 +297,11 @@ class LockTable:
         name, and it leaves the line when it does); ``None``: a plain attempt (the
         :meth:`probe` before it keeps it from barging past the line).
         """
-        ns, key = self.namespace, self._key(name)
+        ns, key = self.namespace, self.key(name)
         now = yield from self.now()
-        expires_at = now + _micros(ttl)
+        expires_at = now + micros(ttl)
         if queue is not None:
-            stay = now + _micros(queue)
+            stay = now + micros(queue)
             placed = yield Execute(self._stay, (stay, ns, key, owner))
             if not placed:
                 yield Execute(self._join, (ns, key, owner, stay))
@@ -300,18 +340,18 @@ class LockTable:
     def renew(self, items: Sequence[tuple[str, str, int]], ttl: float) -> Script[list[bool]]:
         """WRITE: extend every live ``(name, owner, token)`` to now + ``ttl``; True per renewal."""
         now = yield from self.now()
-        expires_at = now + _micros(ttl)
+        expires_at = now + micros(ttl)
         results: list[bool] = []
         for name, owner, token in items:
             changed = yield Execute(
-                self._renew, (expires_at, self.namespace, self._key(name), owner, token, now)
+                self._renew, (expires_at, self.namespace, self.key(name), owner, token, now)
             )
             results.append(changed == 1)
         return results
 
     def release(self, name: str, owner: str, token: int) -> Script[bool]:
         """WRITE: compare-and-delete; True if the row was ours AND still live."""
-        ns, key = self.namespace, self._key(name)
+        ns, key = self.namespace, self.key(name)
         now = yield from self.now()
         rows = yield Fetch(self._select_for_update, (ns, key))
         if not rows:
@@ -325,7 +365,7 @@ class LockTable:
     def left_nothing(self, name: str, owner: str) -> Script[bool | None]:
         """READ: ``False`` when ``owner`` has no row for ``name`` (nothing to abandon), else
         ``None``: :meth:`abandon` must run."""
-        ns, key = self.namespace, self._key(name)
+        ns, key = self.namespace, self.key(name)
         rows = yield Fetch(self._select, (ns, key))
         if rows and rows[0][0] == owner:
             return None
@@ -335,14 +375,14 @@ class LockTable:
     def abandon(self, name: str, owner: str) -> Script[bool]:
         """WRITE: delete ``name``'s row if ``owner`` holds it (any token), and its place in
         line; True if the row or the place was deleted (the next waiter may go)."""
-        ns, key = self.namespace, self._key(name)
+        ns, key = self.namespace, self.key(name)
         deleted = yield Execute(self._delete_owner, (ns, key, owner))
         left = yield Execute(self._leave, (ns, key, owner))
         return bool(deleted or left)
 
     def force_release(self, name: str) -> Script[bool]:
         """WRITE: delete ``name``'s row whoever holds it; True if a LIVE row was deleted."""
-        ns, key = self.namespace, self._key(name)
+        ns, key = self.namespace, self.key(name)
         now = yield from self.now()
         live = yield Execute(self._delete_live, (ns, key, now))
         yield Execute(self._delete_any, (ns, key))
@@ -354,7 +394,7 @@ class LockTable:
         return (yield from self._held_at(name, now))
 
     def _held_at(self, name: str, now: int) -> Script[Held | None]:
-        rows = yield Fetch(self._select, (self.namespace, self._key(name)))
+        rows = yield Fetch(self._select, (self.namespace, self.key(name)))
         if not rows:
             return None
         owner, token, expires_at, _version = rows[0]
@@ -382,6 +422,8 @@ def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: S
     """Drive ``script`` on a DB-API style ``execute(sql, params) -> cursor`` (blocking)."""
     statement, value = _advance(script, None)
     while statement is not None:
+        if isinstance(statement, Batch):
+            raise TypeError("this driver cannot run a Batch")
         cursor = execute(statement.sql, statement.params)
         fetched = cursor.fetchall() if isinstance(statement, Fetch) else cursor.rowcount
         statement, value = _advance(script, fetched)
@@ -391,10 +433,19 @@ def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: S
 async def run_script_async(
     execute: Callable[[str, tuple[Any, ...]], Awaitable[tuple[int, list[Any]]]],
     script: Script[T],
+    batch: Callable[[Batch], Awaitable[list[tuple[int, list[Any]]]]] | None = None,
 ) -> T:
-    """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)``."""
+    """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)`` (and, for
+    a :class:`Batch`, ``batch(statement) -> [(rowcount, rows), ...]``)."""
     statement, value = _advance(script, None)
     while statement is not None:
-        rowcount, rows = await execute(statement.sql, statement.params)
-        statement, value = _advance(script, rows if isinstance(statement, Fetch) else rowcount)
+        result: Any
+        if isinstance(statement, Batch):
+            if batch is None:
+                raise TypeError("this driver cannot run a Batch")
+            result = await batch(statement)
+        else:
+            rowcount, rows = await execute(statement.sql, statement.params)
+            result = rows if isinstance(statement, Fetch) else rowcount
+        statement, value = _advance(script, result)
     return value  # type: ignore[return-value]

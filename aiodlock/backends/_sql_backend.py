@@ -4,7 +4,10 @@
 contract onto them.  A SQL backend adds only its connection: :meth:`LockTableBackend._run`,
 which runs a READ script outside any write transaction and then, only if the read did not
 answer (returned ``None``), a WRITE script in one transaction.  A poll that finds a live
-holder, or a clean-up that finds nothing, so costs no write lock.
+holder, or a clean-up that finds nothing, so costs no write lock.  Where the table has a
+fast path (:mod:`aiodlock.backends._sql_fast`: a dialect that sends batches), an attempt
+that is not in the line of waiters, and every release, try it first: one round trip, with
+its own transaction; the scripts decide what it leaves to them.
 
 A waiter polls with capped, jittered backoff (nothing tells another process that a row
 went); a release in THIS process wakes a local waiter at once through the wake-up board that
@@ -23,6 +26,7 @@ from .._types import Busy, Grant, LockStatus, Request, Waiter, monotonic
 from .._wakeup import Backoff, BoardWaiter, SharedBoard, WakeupBoard
 from ._base import Backend
 from ._sql import Behind, Granted, LockTable, Script
+from ._sql_fast import FastPath
 
 __all__ = ["LockTableBackend", "PollingBackend"]
 
@@ -82,6 +86,9 @@ class LockTableBackend(PollingBackend):
     abandon_reads_first: ClassVar[bool] = True
 
     table: LockTable
+    #: The table's one-round-trip attempt and release, where the dialect sends batches
+    #: (its scripts run as READ ones: a batch brings its own transaction).
+    fast_path: FastPath | None = None
 
     @abc.abstractmethod
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
@@ -99,7 +106,8 @@ class LockTableBackend(PollingBackend):
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         started = monotonic()
         name, owner, ttl = request.name, request.owner, request.ttl
-        outcome: Granted | Busy | Behind
+        outcome: Granted | Busy | Behind | None = None
+        fast = self.fast_path
         if will_wait and (request.fair or request.urgent):
             # A place in the line of waiters, kept while the waiter polls (it dies with it).
             request.queued = True
@@ -108,11 +116,15 @@ class LockTableBackend(PollingBackend):
                 "acquire", lambda: self.table.attempt(name, owner, ttl, queue=keep)
             )
         else:
-            outcome = await self._run(
-                "acquire",
-                lambda: self.table.probe(name, owner),
-                lambda: self.table.attempt(name, owner, ttl),
-            )
+            if fast is not None:
+                # The common case in one round trip; the scripts below decide the rest.
+                outcome = await self._read("acquire", lambda: fast.grab(name, owner, ttl))
+            if outcome is None:
+                outcome = await self._run(
+                    "acquire",
+                    lambda: self.table.probe(name, owner),
+                    lambda: self.table.attempt(name, owner, ttl),
+                )
         if isinstance(outcome, Behind):
             # The name is free for the first in line: if it waits here, a release woke this
             # owner instead; pass the wake-up on to it.
@@ -133,9 +145,12 @@ class LockTableBackend(PollingBackend):
         return [started + ttl if ok else None for ok in renewed]
 
     async def release(self, grant: Grant) -> bool:
-        released = await self._write(
-            "release", lambda: self.table.release(grant.name, grant.owner, grant.token)
-        )
+        name, owner, token = grant.name, grant.owner, grant.token
+        fast = self.fast_path
+        if fast is not None:
+            released = await self._read("release", lambda: fast.drop(name, owner, token))
+        else:
+            released = await self._write("release", lambda: self.table.release(name, owner, token))
         self._wake_one(grant.name)  # even if the row had expired: the name is free now
         return released
 

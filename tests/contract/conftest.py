@@ -31,6 +31,8 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "mysql": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "mysql-named": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "mysql-row": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
+    # (the table through the other driver: its own dependency, checked below)
+    "mysql-asyncmy": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
@@ -42,10 +44,13 @@ def _present(module: str) -> bool:
         return False
 
 
+#: backend -> a driver it needs besides its module's own
+EXTRA_MODULES = {"mysql-asyncmy": "asyncmy"}
+
 PARAMS = [
     pytest.param(name, marks=marks, id=name)
     for name, (module, marks) in BACKENDS.items()
-    if _present(module)
+    if _present(module) and _present(EXTRA_MODULES.get(name, module))
 ]
 #: Redis Sentinel and Cluster: tests that need many runs to show a race run on them only
 REDIS_DEPLOYMENTS = [p for p in PARAMS if p.id in ("redis-sentinel", "redis-cluster")]
@@ -84,6 +89,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
     if backend == "mysql-row":
         return str(request.getfixturevalue("mariadb_server").url) + "?strategy=row"
+    if backend == "mysql-asyncmy":
+        return str(request.getfixturevalue("mariadb_server").url) + "?driver=asyncmy"
     raise AssertionError(backend)
 
 

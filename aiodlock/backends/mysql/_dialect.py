@@ -20,7 +20,11 @@ class MySQLDialect(Dialect):
     placeholder = "%s"
     for_update = " FOR UPDATE"
     # (the session's time zone is UTC, so that UNIX_TIMESTAMP(NOW(6)) is exact)
-    now_sql = "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+    now_expr = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+    now_sql = f"SELECT {now_expr}"
+    # (every connection is opened with CLIENT.MULTI_STATEMENTS: see _driver)
+    batches = True
+    begin_sql = "START TRANSACTION"
     # NOTE: a name travels as hex text: aiomysql 0.3 cannot send a bytes parameter with
     # PyMySQL >= 1.2 (it imports PyMySQL's removed escape_bytes_prefixed), and hex text is
     # still a parameter, never a name formatted into the SQL.
@@ -66,6 +70,21 @@ class MySQLDialect(Dialect):
         return (
             f"INSERT INTO {counters} (namespace, name, token) VALUES (?, {self.name_sql}, 1) "
             f"ON DUPLICATE KEY UPDATE token = token + 1"
+        )
+
+    def insert_select(self, table: str, columns: str, select: str, on_duplicate: str) -> str:
+        return f"INSERT INTO {table} ({columns}) {select} ON DUPLICATE KEY UPDATE {on_duplicate}"
+
+    def bump_if_inserted(self, counters: str) -> tuple[str, str]:
+        # ROW_COUNT(): the rows the statement before changed (1: the INSERT inserted; 0: its
+        # ON DUPLICATE KEY no-op; no connection asks for CLIENT.FOUND_ROWS, which would make
+        # that no-op 1 too and waste a token number, no more).  LAST_INSERT_ID(x) keeps x
+        # for this session (the one new row with token 0 exists only if this ran).
+        return (
+            f"INSERT INTO {counters} (namespace, name, token) "
+            f"VALUES (?, {self.name_sql}, LAST_INSERT_ID(1)) "
+            f"ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + (ROW_COUNT() = 1))",
+            "LAST_INSERT_ID()",
         )
 
     def sweep_expired(self, locks: str) -> str:

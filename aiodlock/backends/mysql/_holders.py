@@ -4,7 +4,7 @@ session holds the lock), and tokens from the lock table's counter table (never r
 
 from __future__ import annotations
 
-import aiomysql
+from ._driver import Cursor
 
 __all__ = ["COUNTERS", "HOLDERS", "KEY", "holders_ddl", "next_token", "record_holder"]
 
@@ -34,13 +34,13 @@ def holders_ddl() -> str:
     )
 
 
-async def next_token(cursor: aiomysql.Cursor, namespace: str, key: str) -> int:
+async def next_token(cursor: Cursor, namespace: str, key: str) -> int:
     """The name's next fencing token, in ONE statement (autocommit: committed at once)."""
     await cursor.execute(_BUMP, (namespace, key))
     return int(cursor.lastrowid)
 
 
 async def record_holder(
-    cursor: aiomysql.Cursor, namespace: str, key: str, owner: str, token: int, session: int
+    cursor: Cursor, namespace: str, key: str, owner: str, token: int, session: int
 ) -> None:
     await cursor.execute(_RECORD, (namespace, key, owner, token, session))

@@ -15,11 +15,11 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-import aiomysql
-import pymysql
-
 from ..._errors import BackendError, translating
-from .._sql import Script, run_script_async
+from ..._retry import retrying
+from ..._types import monotonic
+from .._sql import Batch, Script, run_script_async
+from ._driver import Connection, driver_errors, error_code
 
 __all__ = ["ConnectionPool", "Run", "is_lost", "is_retryable", "run_on", "translate"]
 
@@ -32,22 +32,17 @@ _LOST = frozenset({2002, 2003, 2006, 2013, 2014, 2055})
 #: (or its statement) was rolled back, and running it again is safe.
 _RETRYABLE = frozenset({1205, 1213, 3572})
 _DUPLICATE_KEY = 1062
-
-
-def _code(exc: BaseException) -> int | None:
-    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
-        return exc.args[0]
-    return None
+_UNKNOWN_THREAD = 1094
 
 
 def is_lost(exc: BaseException) -> bool:
     """The connection is gone (a restart, a network failure, an idle timeout)."""
-    return _code(exc) in _LOST or isinstance(exc, ConnectionError)
+    return error_code(exc) in _LOST or isinstance(exc, ConnectionError)
 
 
 def is_retryable(exc: BaseException) -> bool:
     """A lock wait timeout or a deadlock: nothing was written, try again."""
-    return _code(exc) in _RETRYABLE
+    return error_code(exc) in _RETRYABLE
 
 
 _HINTS = {
@@ -62,11 +57,12 @@ _HINTS = {
 @contextlib.contextmanager
 def translate(what: str, secrets: tuple[str, ...]) -> Iterator[None]:
     """The one place the driver's exceptions become BackendError / BackendTimeout."""
-    with translating("mysql", (pymysql.err.MySQLError,), what=what, secrets=secrets):
+    errors = driver_errors()
+    with translating("mysql", errors, what=what, secrets=secrets):
         try:
             yield
-        except pymysql.err.MySQLError as exc:
-            code = _code(exc)
+        except errors as exc:
+            code = error_code(exc)
             if code in _LOST:
                 error = BackendError(f"mysql: {what} failed: the server could not be reached")
                 error.transient = True
@@ -84,23 +80,34 @@ class Run:
     committing: bool = False
 
 
-async def run_on(conn: aiomysql.Connection, script: Script[T], *, write: bool, run: Run) -> T:
+async def run_on(conn: Connection, script: Script[T], *, write: bool, run: Run) -> T:
     """Run ``script`` on ``conn`` (autocommit; a write one in one transaction, committed
-    even when it reports busy: a waiter's place in line must stay)."""
+    even when it reports busy: a waiter's place in line must stay; a :class:`Batch`
+    brings its own transaction)."""
 
     async def execute(sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
         async with conn.cursor() as cursor:
             try:
                 count = await cursor.execute(sql, params)
-            except pymysql.err.IntegrityError as exc:
-                if _code(exc) == _DUPLICATE_KEY:  # the INSERT of a name just taken
+            except driver_errors() as exc:
+                if error_code(exc) == _DUPLICATE_KEY:  # the INSERT of a name just taken
                     return 0, []
                 raise
             return int(count), list(await cursor.fetchall())
 
+    async def batch(statement: Batch) -> list[tuple[int, list[Any]]]:
+        if not statement.retry_safe:
+            run.committing = True  # (it may commit as soon as it is sent)
+        async with conn.cursor() as cursor:
+            count = await cursor.execute(statement.sql, statement.params)
+            results = [(int(count), list(await cursor.fetchall()))]
+            while await cursor.nextset():
+                results.append((int(cursor.rowcount), list(await cursor.fetchall())))
+            return results
+
     if write:
         await conn.begin()
-    result = await run_script_async(execute, script)
+    result = await run_script_async(execute, script, batch)
     if write:
         run.committing = True
         await conn.commit()
@@ -110,14 +117,25 @@ async def run_on(conn: aiomysql.Connection, script: Script[T], *, write: bool, r
 class ConnectionPool:
     """At most ``size`` connections; an idle one is lent again, a failed one is closed."""
 
-    def __init__(self, connect: Callable[[], Awaitable[aiomysql.Connection]], size: int) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Connection]],
+        size: int,
+        is_closed: Callable[[Connection], bool],
+        secrets: tuple[str, ...] = (),
+    ) -> None:
         self._connect = connect
-        self._idle: list[aiomysql.Connection] = []
+        self._secrets = secrets
+        self._is_closed = is_closed
+        self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(size)
+        #: (server session, when) of connections closed as their call was cancelled (see
+        #: :meth:`settle`).
+        self._orphans: list[tuple[int, float]] = []
         self.closed = False
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[tuple[aiomysql.Connection, bool]]:
+    async def connection(self) -> AsyncIterator[tuple[Connection, bool]]:
         """``(connection, reused)``: reused is True for one that sat idle (it may be dead)."""
         async with self._slots:
             if self.closed:
@@ -126,33 +144,76 @@ class ConnectionPool:
             conn = self._idle.pop() if reused else await self._connect()
             try:
                 yield conn, reused
-            except BaseException:
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError):  # (what it sent may still run)
+                    self._orphans.append((conn.thread_id(), monotonic()))
                 conn.close()  # its state is unknown: the server rolls back what it had open
                 raise
-            if self.closed or conn.closed:
+            if self.closed or self._is_closed(conn):
                 conn.close()
             else:
                 self._idle.append(conn)
 
-    async def run(self, fn: Callable[[aiomysql.Connection, Run], Awaitable[T]]) -> T:
-        """``fn(connection, run)`` on a lent connection; again on another one when an idle
-        connection turned out dead before anything was committed (the server restarted, or
-        closed it), and after a deadlock or a lock wait timeout (rolled back by the server).
-        The caller bounds the time."""
-        stale_ok = True
-        while True:
+    async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
+        """``fn(connection, run)`` on a lent connection, its errors translated; again (the
+        core's :func:`~aiodlock._retry.retrying`) on another one when an idle connection
+        turned out dead before anything was committed (the server restarted, or closed it:
+        once), and after a deadlock or a lock wait timeout (rolled back by the server: until
+        the caller's time is up).  The caller bounds the time."""
+        stale = stale_used = False
+
+        async def attempt() -> T:
+            nonlocal stale
             run, reused = Run(), False
             try:
-                async with self.connection() as (conn, reused):
-                    return await fn(conn, run)
-            except Exception as exc:
-                if reused and stale_ok and is_lost(exc) and not run.committing:
-                    stale_ok = False
-                    continue
-                if is_retryable(exc):
-                    await asyncio.sleep(0.001)
-                    continue
+                with translate(what, self._secrets):
+                    async with self.connection() as (conn, reused):
+                        return await fn(conn, run)
+            except BackendError as error:
+                cause = error.__cause__
+                stale = reused and cause is not None and is_lost(cause) and not run.committing
                 raise
+
+        def again(error: BackendError) -> bool:
+            nonlocal stale_used
+            if stale and not stale_used:
+                stale_used = True  # (once: a second dead one means the server is down)
+                return True
+            return error.__cause__ is not None and is_retryable(error.__cause__)
+
+        return await retrying(attempt, retry_if=again, what=f"mysql {what}", first=0.001, cap=0.05)
+
+    async def settle(self, within: float) -> None:
+        """End the server sessions of the connections closed as their call was cancelled in
+        the last ``within`` seconds, and wait until the server has: a batch sent just before
+        its caller was cancelled may not have begun yet, and would then run (and commit)
+        after whatever comes next.  KILL ends a session that waits for its query or runs it
+        (rolling back what it had not committed); once the server lists none of them, each
+        one's fate is sealed.  (Older ones are forgotten: a session number is reused after a
+        restart of the server, and must never end a session of somebody else.)"""
+        since = monotonic() - within
+        sessions = [session for session, at in self._orphans if at >= since]
+        self._orphans = []
+        if not sessions:
+            return
+        listed = ", ".join(["%s"] * len(sessions))
+        alive = f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})"
+
+        async def kill(conn: Connection, run: Run) -> None:
+            async with conn.cursor() as cursor:
+                for session in sessions:
+                    try:
+                        await cursor.execute("KILL CONNECTION %s", (session,))
+                    except driver_errors() as exc:
+                        if error_code(exc) != _UNKNOWN_THREAD:  # (it has ended already)
+                            raise
+                while True:
+                    await cursor.execute(alive, tuple(sessions))
+                    if not (await cursor.fetchone())[0]:
+                        return
+                    await asyncio.sleep(0.001)
+
+        await self.run(kill, "abandon")
 
     async def aclose(self) -> None:
         self.closed = True

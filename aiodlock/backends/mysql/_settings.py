@@ -6,11 +6,10 @@ import dataclasses
 import math
 from typing import Any
 
-import aiomysql
-
 from ..._errors import ConfigurationError
 from ..._types import CommonConfig
 from ..._url import ParsedURL, format_host, take_float, take_int, take_str
+from ._driver import DRIVERS, Connection, load
 
 __all__ = ["DEFAULT_PORT", "STRATEGIES", "Settings", "connect"]
 
@@ -30,6 +29,7 @@ class Settings:
     password: str = dataclasses.field(default="", repr=False)
     scheme: str = "mysql"
     strategy: str = "table"
+    driver: str = DRIVERS[0]
     pool_size: int = 10
     poll_min: float = 0.005
     poll_max: float = 0.1
@@ -39,6 +39,11 @@ class Settings:
             raise ConfigurationError(
                 f"option 'strategy' must be one of {', '.join(map(repr, STRATEGIES))}, "
                 f"got {self.strategy!r}"
+            )
+        if self.driver not in DRIVERS:
+            raise ConfigurationError(
+                f"option 'driver' must be one of {', '.join(map(repr, DRIVERS))}, "
+                f"got {self.driver!r}"
             )
         if not 0 < self.poll_min <= self.poll_max:
             raise ConfigurationError(
@@ -62,6 +67,7 @@ class Settings:
             database=database,
             scheme=url.scheme.lower(),
             strategy=take_str(options, "strategy", "table") or "table",
+            driver=take_str(options, "driver", DRIVERS[0]) or DRIVERS[0],
             pool_size=take_int(options, "pool_size", 10, minimum=1, maximum=1000),
             poll_min=take_float(options, "poll_min", 0.005, allow_zero=False),
             poll_max=take_float(options, "poll_max", 0.1, allow_zero=False),
@@ -78,16 +84,15 @@ class Settings:
         return f"{self.scheme}://{auth}{format_host(self.host, self.port)}/{self.database}"
 
 
-async def connect(settings: Settings, config: CommonConfig) -> aiomysql.Connection:
-    """A new connection in autocommit mode with the session settings every strategy needs."""
-    conn = await aiomysql.connect(
+async def connect(settings: Settings, config: CommonConfig) -> Connection:
+    """A new connection (autocommit, multi-statement queries allowed: the lock table's fast
+    path sends batches) with the session settings every strategy needs."""
+    conn = await load(settings.driver).connect(
         host=settings.host,
         port=settings.port,
         user=settings.user,
         password=settings.password,
-        db=settings.database,
-        charset="utf8mb4",
-        autocommit=True,
+        database=settings.database,
         connect_timeout=config.connect_timeout,
     )
     try:

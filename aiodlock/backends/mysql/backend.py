@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Self, cast
 
-import aiomysql
-
 from ..._errors import BackendError
-from ..._types import Capability, CommonConfig, LostCallback
+from ..._types import Capability, CommonConfig, LostCallback, Request
 from ..._url import ParsedURL
 from .._sql import Execute, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
+from .._sql_fast import FastPath
 from ._dialect import MYSQL
+from ._driver import Connection, load
 from ._pool import ConnectionPool, run_on, translate
 from ._settings import Settings, connect
 
@@ -43,11 +43,13 @@ class MySQLBackend(LockTableBackend):
         self.settings = settings
         self.poll_min, self.poll_max = settings.poll_min, settings.poll_max
         self.table = LockTable(MYSQL, config.namespace)
+        self.fast_path = FastPath(self.table)
         self._pool: ConnectionPool | None = None
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
         settings = Settings.from_url(url, options)
+        load(settings.driver)  # (a clear error now if it is not installed)
         # (the scheme's one class builds the strategy's backend: the core only calls it)
         if settings.strategy == "named":
             from .named import NamedBackend
@@ -64,7 +66,7 @@ class MySQLBackend(LockTableBackend):
 
     # -- connections -----------------------------------------------------------------------------
 
-    async def _connect(self) -> aiomysql.Connection:
+    async def _connect(self) -> Connection:
         return await connect(self.settings, self.config)
 
     async def _call(self, what: str, script: MakeScript, *, write: bool) -> Any:
@@ -75,7 +77,7 @@ class MySQLBackend(LockTableBackend):
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
                 return await pool.run(
-                    lambda conn, run: run_on(conn, script(), write=write, run=run)
+                    lambda conn, run: run_on(conn, script(), write=write, run=run), what
                 )
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
@@ -86,6 +88,16 @@ class MySQLBackend(LockTableBackend):
             answer = await self._call(what, write, write=True)
         return answer
 
+    async def abandon(self, request: Request) -> None:
+        # A cancelled acquire's batch may still be on its way to the server: seal its fate
+        # first (see ConnectionPool.settle), then delete what it may have left.
+        pool = self._pool
+        if pool is not None:
+            with translate("abandon", self.settings.secrets):
+                async with asyncio.timeout(self.config.op_timeout):
+                    await pool.settle(within=self.config.op_timeout)
+        await super().abandon(request)
+
     def _schema(self) -> Script[None]:
         for statement in self.table.schema():
             yield Execute(statement, ())
@@ -93,7 +105,10 @@ class MySQLBackend(LockTableBackend):
     async def open(self, on_lost: LostCallback) -> None:
         if self._pool is not None:
             return
-        self._pool = ConnectionPool(self._connect, self.settings.pool_size)
+        driver = load(self.settings.driver)
+        self._pool = ConnectionPool(
+            self._connect, self.settings.pool_size, driver.is_closed, self.settings.secrets
+        )
         try:
             await self._call("open", self._schema, write=False)
         except BaseException:

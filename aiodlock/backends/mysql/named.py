@@ -24,9 +24,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, TypeVar
 
-import aiomysql
-import pymysql
-
 from ..._errors import BackendError
 from ..._types import (
     Busy,
@@ -43,6 +40,7 @@ from ..._wakeup import Heartbeat
 from .._sql import encode_name
 from .._sql_backend import PollingBackend
 from ._dialect import MYSQL
+from ._driver import Connection, driver_errors, error_code
 from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
 from ._pool import is_lost, translate
 from ._settings import Settings, connect
@@ -57,12 +55,8 @@ _STATUS = f"SELECT owner, token, session, IS_USED_LOCK(%s) FROM {HOLDERS} WHERE 
 
 def _server_error(exc: BaseException) -> bool:
     """An error the server answered with (the connection is still in a known state)."""
-    return (
-        isinstance(exc, pymysql.err.MySQLError)
-        and bool(exc.args)
-        and isinstance(exc.args[0], int)
-        and 1000 <= exc.args[0] < 2000
-    )
+    code = error_code(exc)
+    return code is not None and 1000 <= code < 2000
 
 
 class _Retry:
@@ -82,7 +76,7 @@ class NamedBackend(PollingBackend):
         self.config = config
         self.settings = settings
         self.poll_min, self.poll_max = settings.poll_min, settings.poll_max
-        self._conn: aiomysql.Connection | None = None
+        self._conn: Connection | None = None
         self._session = 0  # the number of the holder connection's session (0: none yet)
         self._gate: asyncio.Lock | None = None
         self._held: dict[str, Grant] = {}
@@ -108,7 +102,7 @@ class NamedBackend(PollingBackend):
     async def _on_session(
         self,
         what: str,
-        fn: Callable[[aiomysql.Connection], Awaitable[T]],
+        fn: Callable[[Connection], Awaitable[T]],
         gone: T | _Retry = _RETRY,
     ) -> T:
         """Run ``fn`` on the holder connection, after the calls before it, to its end even if
@@ -122,7 +116,7 @@ class NamedBackend(PollingBackend):
         return await asyncio.shield(task)
 
     async def _guarded(
-        self, what: str, fn: Callable[[aiomysql.Connection], Awaitable[T]], gone: T | _Retry
+        self, what: str, fn: Callable[[Connection], Awaitable[T]], gone: T | _Retry
     ) -> T:
         if self._gate is None or self._closed:
             raise BackendError("mysql: the client is not open (or was closed)")
@@ -177,7 +171,7 @@ class NamedBackend(PollingBackend):
         self._on_lost = on_lost
         self._gate = asyncio.Lock()
 
-        async def schema(conn: aiomysql.Connection) -> None:
+        async def schema(conn: Connection) -> None:
             async with conn.cursor() as cursor:
                 for statement in MYSQL.create_tables("aiodlock_locks", COUNTERS):
                     await cursor.execute(statement)
@@ -210,7 +204,7 @@ class NamedBackend(PollingBackend):
         key = encode_name(name).hex()
         ns = self.config.namespace
 
-        async def attempt(conn: aiomysql.Connection) -> Grant | Busy:
+        async def attempt(conn: Connection) -> Grant | Busy:
             mine = self._held.get(name)
             if mine is not None:
                 return mine if mine.owner == owner else Busy()
@@ -235,7 +229,7 @@ class NamedBackend(PollingBackend):
         """Check that the session still holds each lock (the session is the lease)."""
         started = monotonic()
 
-        async def check(conn: aiomysql.Connection) -> list[float | None]:
+        async def check(conn: Connection) -> list[float | None]:
             results: list[float | None] = []
             async with conn.cursor() as cursor:
                 for grant in grants:
@@ -250,7 +244,7 @@ class NamedBackend(PollingBackend):
         return await self._on_session("renew", check, [None] * len(grants))
 
     async def _release(self, name: str, owner: str | None) -> bool:
-        async def release(conn: aiomysql.Connection) -> bool:
+        async def release(conn: Connection) -> bool:
             grant = self._held.get(name)
             if grant is None or (owner is not None and grant.owner != owner):
                 return False
@@ -275,7 +269,7 @@ class NamedBackend(PollingBackend):
     async def status(self, name: str) -> LockStatus | None:
         key = encode_name(name).hex()
 
-        async def read(conn: aiomysql.Connection) -> LockStatus | None:
+        async def read(conn: Connection) -> LockStatus | None:
             async with conn.cursor() as cursor:
                 await cursor.execute(_STATUS, (self.server_name(name), self.config.namespace, key))
                 row = await cursor.fetchone()
@@ -291,7 +285,7 @@ class NamedBackend(PollingBackend):
     async def force_release(self, name: str) -> bool:
         lock = self.server_name(name)
 
-        async def force(conn: aiomysql.Connection) -> bool | Grant:
+        async def force(conn: Connection) -> bool | Grant:
             async with conn.cursor() as cursor:
                 await cursor.execute("SELECT IS_USED_LOCK(%s), CONNECTION_ID()", (lock,))
                 (holder, me) = await cursor.fetchone()
@@ -305,8 +299,8 @@ class NamedBackend(PollingBackend):
                 # lock of that client: it reports them all lost).
                 try:
                     await cursor.execute("KILL CONNECTION %s", (int(holder),))
-                except pymysql.err.MySQLError as exc:
-                    if _server_error(exc) and exc.args[0] == 1094:  # unknown thread: it ended
+                except driver_errors() as exc:
+                    if error_code(exc) == 1094:  # unknown thread: it ended
                         return True
                     raise
             return True
@@ -326,7 +320,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _ping(conn: aiomysql.Connection) -> None:
+async def _ping(conn: Connection) -> None:
     async with conn.cursor() as cursor:
         await cursor.execute("SELECT 1")
         await cursor.fetchone()

@@ -22,9 +22,6 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, TypeVar
 
-import aiomysql
-import pymysql
-
 from ..._errors import BackendError
 from ..._types import (
     Busy,
@@ -41,6 +38,7 @@ from ..._wakeup import Heartbeat
 from .._base import Backend
 from .._sql import encode_name
 from ._dialect import MYSQL
+from ._driver import Connection, Cursor, driver_errors, load
 from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
 from ._pool import ConnectionPool, Run, is_retryable, translate
 from ._settings import Settings, connect
@@ -72,7 +70,7 @@ _WAIT_CHUNK = 3600
 class _Holder:
     """The connection whose open transaction holds a row lock."""
 
-    conn: aiomysql.Connection
+    conn: Connection
     gate: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -85,9 +83,10 @@ class RowBackend(Backend):
     def __init__(self, config: CommonConfig, settings: Settings) -> None:
         self.config = config
         self.settings = settings
+        self._is_closed = load(settings.driver).is_closed
         self._pool: ConnectionPool | None = None
         self._holding: dict[tuple[str, str], Grant] = {}  # Grant.data: its _Holder
-        self._spare: list[aiomysql.Connection] = []  # of holds that ended cleanly
+        self._spare: list[Connection] = []  # of holds that ended cleanly
         self._on_lost: LostCallback | None = None
         self._interval = max(0.05, min(config.watchdog_ttl / 3, 10.0))
         self._heartbeat = Heartbeat(self._beat, "aiodlock:mysql-rows")
@@ -102,23 +101,23 @@ class RowBackend(Backend):
     def _key(self, name: str) -> str:
         return encode_name(name).hex()
 
-    async def _pooled(self, what: str, fn: Callable[[aiomysql.Cursor], Awaitable[T]]) -> T:
+    async def _pooled(self, what: str, fn: Callable[[Cursor], Awaitable[T]]) -> T:
         """``fn(cursor)`` on a pooled connection (autocommit) for one short call."""
         if self._pool is None:
             raise _closed()
 
-        async def call(conn: aiomysql.Connection, run: Run) -> T:
+        async def call(conn: Connection, run: Run) -> T:
             async with conn.cursor() as cursor:
                 return await fn(cursor)
 
         with translate(what, self.settings.secrets):
             async with asyncio.timeout(self.config.op_timeout):
-                return await self._pool.run(call)
+                return await self._pool.run(call, what)
 
     async def _short(self, what: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One statement on a pooled connection."""
 
-        async def one(cursor: aiomysql.Cursor) -> list[Any]:
+        async def one(cursor: Cursor) -> list[Any]:
             await cursor.execute(sql, params)
             return list(await cursor.fetchall())
 
@@ -129,7 +128,10 @@ class RowBackend(Backend):
             return
         self._on_lost = on_lost
         self._pool = ConnectionPool(
-            lambda: connect(self.settings, self.config), self.settings.pool_size
+            lambda: connect(self.settings, self.config),
+            self.settings.pool_size,
+            self._is_closed,
+            self.settings.secrets,
         )
         try:
             for ddl in (*MYSQL.create_tables("aiodlock_locks", COUNTERS), holders_ddl(), _ROWS_DDL):
@@ -181,14 +183,13 @@ class RowBackend(Backend):
                         # (on another connection: committed now, even if this one dies)
                         token = await self._register(request, conn.thread_id())
         except BaseException:
-            if not conn.closed:
-                conn.close()
+            conn.close()
             raise
         grant = Grant(request.name, request.owner, token, None, _Holder(conn))
         self._holding[(request.name, request.owner)] = grant
         return grant
 
-    async def _holder_connection(self) -> aiomysql.Connection:
+    async def _holder_connection(self) -> Connection:
         """A connection for one holder (or waiter): a spare one that still answers, or a new
         one (connecting costs several round trips: a hold's is kept for the next one)."""
         with translate("acquire", self.settings.secrets):
@@ -208,7 +209,7 @@ class RowBackend(Backend):
                 return await connect(self.settings, self.config)
 
     async def _wait_for_row(
-        self, cursor: aiomysql.Cursor, params: tuple[Any, ...], deadline: float | None
+        self, cursor: Cursor, params: tuple[Any, ...], deadline: float | None
     ) -> bool:
         """Lock the row: True, or False when the server's wait ended first."""
         if deadline is None:
@@ -224,7 +225,7 @@ class RowBackend(Backend):
             async with asyncio.timeout(bound):
                 await cursor.execute(sql, params)
                 await cursor.fetchall()
-        except pymysql.err.MySQLError as exc:
+        except driver_errors() as exc:
             if is_retryable(exc):
                 return False
             raise
@@ -241,7 +242,7 @@ class RowBackend(Backend):
     async def _register(self, request: Request, session: int) -> int:
         ns, key = self.config.namespace, self._key(request.name)
 
-        async def register(cursor: aiomysql.Cursor) -> int:
+        async def register(cursor: Cursor) -> int:
             token = await next_token(cursor, ns, key)
             await record_holder(cursor, ns, key, request.owner, token, session)
             return token
@@ -308,7 +309,7 @@ class RowBackend(Backend):
         except Exception:
             return False  # the connection was gone: so was the lock, already
         finally:
-            if clean and not conn.closed and len(self._spare) < self.settings.pool_size:
+            if clean and not self._is_closed(conn) and len(self._spare) < self.settings.pool_size:
                 self._spare.append(conn)
             else:
                 conn.close()
@@ -329,7 +330,7 @@ class RowBackend(Backend):
         return LockStatus(name, str(owner), int(token), None)
 
     async def _row_locked(self, ns: str, key: str) -> bool:
-        async def locked(cursor: aiomysql.Cursor) -> bool:
+        async def locked(cursor: Cursor) -> bool:
             await cursor.connection.begin()
             try:
                 await cursor.execute(f"{_LOCK_ROW} SKIP LOCKED", (ns, key))
