@@ -101,21 +101,28 @@ def postgres_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def mysql_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """``python -m benchmarks.mysql --json``: each strategy and the floor (A only).  Where
+    """``python -m benchmarks.mysql --json``: each strategy and the floor (A only), per
+    driver (the first one measured is the default's row; the others are variants).  Where
     the benchmark reports no p99, its hand-off column holds the max (noted)."""
     rows = []
-    for strategy in ("table", "named", "row"):
-        r = doc.get(strategy)
-        if not isinstance(r, dict):
-            continue
-        p99, note = r.get("handoff_p99_ms"), ""
-        if p99 is None and r.get("handoff_max_ms") is not None:
-            p99, note = r["handoff_max_ms"], "hand-off p99 column: max"
-        gap = {"p50_ms": r.get("handoff_p50_ms"), "p99_ms": p99}
-        role = "aiodlock" if strategy == "table" else "variant"
-        rows.append(_row("mysql", f"aiodlock {strategy}", role, r.get("cycles_per_s"), gap, note))
-    if doc.get("floor") is not None:
-        rows.append(_row("mysql", "floor", "floor", doc["floor"], None))
+    drivers = doc.get("drivers") or [None]
+    for driver in drivers:
+        part = doc if driver is None else doc.get(driver, {})
+        default = driver in (None, drivers[0])
+        suffix = "" if default else f" ({driver})"
+        for strategy in ("table", "named", "row"):
+            r = part.get(strategy)
+            if not isinstance(r, dict):
+                continue
+            p99, note = r.get("handoff_p99_ms"), ""
+            if p99 is None and r.get("handoff_max_ms") is not None:
+                p99, note = r["handoff_max_ms"], "hand-off p99 column: max"
+            gap = {"p50_ms": r.get("handoff_p50_ms"), "p99_ms": p99}
+            role = "aiodlock" if strategy == "table" and default else "variant"
+            label = f"aiodlock {strategy}{suffix}"
+            rows.append(_row("mysql", label, role, r.get("cycles_per_s"), gap, note))
+        if default and part.get("floor") is not None:
+            rows.append(_row("mysql", "floor", "floor", part["floor"], None))
     return rows
 
 
