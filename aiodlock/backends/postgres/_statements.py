@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["channel_of", "create_table", "lock_key", "quote_ident", "status", "try_lock"]
+__all__ = [
+    "call_next",
+    "channel_of",
+    "create_table",
+    "lock_key",
+    "quote_ident",
+    "status",
+    "try_lock",
+]
 
 
 def lock_key(namespace: str, name: str) -> int:
@@ -66,14 +74,14 @@ def create_waiters(waiters: str) -> str:
 
 
 #: A session that no longer exists (its client died without leaving the line).
-_DEAD = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a WHERE a.pid IS NOT NULL)"
+DEAD_PID = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(pid) a WHERE a.pid IS NOT NULL)"
 
 
 def join_line(waiters: str) -> str:
     """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way)."""
     return (
         f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
-        + _DEAD.format(pid="pid")
+        + DEAD_PID
         + f") INSERT INTO {waiters} (key, pid) VALUES ($1::bigint, pg_backend_pid()) "
         "ON CONFLICT DO NOTHING"
     )
@@ -91,22 +99,26 @@ def pass_on(waiters: str) -> str:
         f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
         " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
         f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
-        " AND NOT " + _DEAD.format(pid="pid") + " ORDER BY since LIMIT 1) w"
+        " AND NOT " + DEAD_PID + " ORDER BY since LIMIT 1) w"
+    )
+
+
+def call_next(waiters: str) -> str:
+    """$1 key, $2 channel: NOTIFY (at commit) the channel of ONE client, the one that has
+    waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN session), with the
+    key: that client alone hears it, and wakes one of its waiters of the key.  Nothing is
+    sent when nobody waits."""
+    return (
+        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
+        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
+        + DEAD_PID
+        + " ORDER BY since LIMIT 1) w"
     )
 
 
 def unlock(waiters: str) -> str:
-    """$1 key, $2 channel -> was it held.  The NOTIFY (sent at the statement's commit) goes
-    to the channel of ONE client, the one that has waited longest (``{channel}_{pid}``, the
-    pid of its LISTEN session), with the key: that client alone hears it, and wakes one of
-    its waiters of the key.  None is sent when nobody waits."""
-    return (
-        "SELECT pg_advisory_unlock($1::bigint), "
-        "(SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
-        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
-        + _DEAD.format(pid="pid")
-        + " ORDER BY since LIMIT 1) w)"
-    )
+    """$1 key, $2 channel -> was it held; and :func:`call_next`, in one round trip."""
+    return f"SELECT pg_advisory_unlock($1::bigint), ({call_next(waiters)})"
 
 
 _HELD_BY = (
