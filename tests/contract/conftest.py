@@ -32,6 +32,7 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     "mysql-named": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "mysql-row": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
+    "postgres-table": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
 
@@ -80,6 +81,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("mariadb_server").url)
     if backend == "postgres":
         return str(request.getfixturevalue("postgres_server").url)
+    if backend == "postgres-table":
+        return str(request.getfixturevalue("postgres_server").url) + "?strategy=table"
     if backend == "mysql-named":
         return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
     if backend == "mysql-row":

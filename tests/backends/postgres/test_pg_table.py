@@ -306,3 +306,28 @@ async def test_a_call_cut_short_discards_its_connection(
 
 async def _zero(value: object) -> bool:
     return await value == 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("strategy", ["advisory", "table"])
+async def test_the_listen_session_is_opened_again_when_it_dies(
+    make_client: ClientFactory, raw: RawFactory, strategy: str, postgres_server: PostgresServer
+) -> None:
+    url = f"{postgres_server.url}?strategy={strategy}"
+    holder = await make_client(url)
+    waiting = await make_client(url, poll_interval=HANG)  # (no fallback poll: NOTIFY only)
+    ear = waiting.backend.listener  # type: ignore[attr-defined]
+    key = waiting.backend.key("re")  # type: ignore[attr-defined]
+    await holder.lock("re").acquire()
+    task = asyncio.create_task(waiting.lock("re").acquire(timeout=HANG))
+    await eventually(lambda: ear.listening_for(key), what="listening")
+    pid = ear.pid
+    conn = await raw()
+    assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+    # Nobody asks the client for anything: it LISTENs again on its own, and takes its
+    # place in line again.
+    await eventually(lambda: ear.listening_for(key) and ear.pid != pid, what="listening again")
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await holder.lock("re").release()
+    await asyncio.wait_for(task, HANG / 3)
+    assert ear.woke == 1  # (by the NOTIFY the new session heard)
