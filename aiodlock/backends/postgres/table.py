@@ -20,74 +20,35 @@ from __future__ import annotations
 import asyncio
 import random
 from contextlib import AbstractAsyncContextManager
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 import asyncpg
 
 from ..._errors import BackendError
-from ..._types import Busy, Capability, CommonConfig, Grant, LostCallback, Request, Waiter
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    monotonic,
+)
 from ..._url import ParsedURL, take_int
 from ..._wakeup import Backoff, WakeupBoard
-from .._sql import Execute, Fetch, LockTable, Script
+from .._sql import Execute, Granted, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
 from ._connection import Listener
-from ._dialect import POSTGRES
 from ._pool import Pool, server_timeouts
 from ._settings import Settings
+from ._table_sql import AnnouncingTable
 
 __all__ = ["PostgresTableBackend"]
 
 #: The LISTEN sessions waiting for a name (key: the name's 64-bit hash), oldest first.
 LISTENERS = "aiodlock_listeners"
-
-
-def call_next(listeners: str, line: str) -> str:
-    """$1 key, $2 channel, $3 namespace, $4 name: NOTIFY (at commit) the client whose waiter
-    may take the name now.  With a line of waiters (fair or urgent ones), every client
-    listening for the name is told the owner first in line (``"key owner"``) and only the
-    one where that owner waits wakes it; without one, the client that has waited longest
-    alone is told the key (:func:`._statements.call_next`), and wakes one of its waiters."""
-    now = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
-    return (
-        f"WITH head AS (SELECT owner FROM {line} WHERE namespace = $3 AND name = $4"
-        f" AND expires_at > {now} ORDER BY id LIMIT 1) "
-        "SELECT pg_notify($2::text || '_' || w.pid::text,"
-        " $1::bigint::text || coalesce(' ' || (SELECT owner FROM head), '')) FROM"
-        f" (SELECT pid FROM {listeners} WHERE key = $1::bigint AND NOT {sql.DEAD_PID}"
-        " ORDER BY since LIMIT CASE WHEN EXISTS (SELECT 1 FROM head) THEN NULL ELSE 1 END) w"
-    )
-
-
-class AnnouncingTable(LockTable):
-    """The lock table whose releases call the client whose waiter may take the name now (a
-    NOTIFY in the same transaction: sent when, and only if, it commits)."""
-
-    def __init__(self, namespace: str, listeners: str, channel: str) -> None:
-        super().__init__(POSTGRES, namespace)
-        self._call_next = call_next(listeners, self.line)
-        self._channel = channel
-
-    def _announce(self, name: str) -> Script[None]:
-        key = sql.lock_key(self.namespace, name)
-        params = (key, self._channel, self.namespace, self._key(name))
-        yield Fetch(self._call_next, params)
-
-    def release(self, name: str, owner: str, token: int) -> Script[bool]:
-        released = yield from super().release(name, owner, token)
-        yield from self._announce(name)  # (even if the row had expired: the name is free)
-        return released
-
-    def abandon(self, name: str, owner: str) -> Script[bool]:
-        freed = yield from super().abandon(name, owner)
-        if freed:  # (a row, or a place in line that may have kept the next one waiting)
-            yield from self._announce(name)
-        return freed
-
-    def force_release(self, name: str) -> Script[bool]:
-        released = yield from super().force_release(name)
-        yield from self._announce(name)
-        return released
 
 
 class PostgresTableBackend(LockTableBackend):
@@ -110,7 +71,9 @@ class PostgresTableBackend(LockTableBackend):
         self.poll_min, self.poll_max = min(0.01, settings.poll_interval), settings.poll_interval
         self.channel = sql.channel_of(config.namespace)
         self._listeners = sql.quote_ident(LISTENERS)
-        self.table = AnnouncingTable(config.namespace, self._listeners, self.channel)
+        self.table: AnnouncingTable = AnnouncingTable(
+            config.namespace, self._listeners, self.channel
+        )
         self._pool: Pool | None = None
         self._listener: Listener | None = None
 
@@ -201,7 +164,11 @@ class PostgresTableBackend(LockTableBackend):
         return self.listener.waiter(self.key(request.name), backoff, request.owner)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        outcome = await super().try_acquire(request, will_wait=will_wait)
+        outcome: Grant | Busy | None = None
+        if not (will_wait and (request.fair or request.urgent)):
+            outcome = await self._take_free(request)
+        if outcome is None:
+            outcome = await super().try_acquire(request, will_wait=will_wait)
         if isinstance(outcome, Busy):
             # Ask again within about poll_interval even if no NOTIFY comes (a holder that
             # died: its row expires; the first in line elsewhere, not called): the fallback.
@@ -209,3 +176,24 @@ class PostgresTableBackend(LockTableBackend):
             if outcome.retry_after is None or outcome.retry_after > poll:
                 return Busy(poll)
         return outcome
+
+    async def release(self, grant: Grant) -> bool:
+        # (one statement, a transaction of its own: no BEGIN and COMMIT round trips)
+        name, owner, token = grant.name, grant.owner, grant.token
+        released: bool = await self._call(
+            "release", lambda: self.table.release(name, owner, token), write=False
+        )
+        self._wake_one(name)
+        return released
+
+    async def _take_free(self, request: Request) -> Grant | Busy | None:
+        """One round trip: a free name with nobody in line, or another's live row (None: the
+        full attempt decides)."""
+        started = monotonic()
+        name, owner, ttl = request.name, request.owner, request.ttl
+        taken = await self._call(
+            "acquire", lambda: self.table.take_free(name, owner, ttl), write=False
+        )
+        if isinstance(taken, Granted):
+            return Grant(name, owner, taken.token, started + ttl)
+        return cast(Busy | None, taken)

@@ -131,6 +131,19 @@ async def test_an_expired_row_is_taken_over_once_with_the_version(client: aiodlo
     assert status.owner == winners[0].owner
 
 
+async def test_one_of_many_attempts_on_a_free_name_wins(make_client: ClientFactory) -> None:
+    clients = [await make_client() for _ in range(6)]
+    outcomes = await asyncio.gather(
+        *(table_of(c).try_acquire(Request("free", f"o{i}", 10), will_wait=False)
+          for i, c in enumerate(clients))
+    )  # fmt: skip
+    winners = [o for o in outcomes if isinstance(o, Grant)]
+    assert len(winners) == 1
+    status = await clients[0].status("free")
+    assert status is not None
+    assert (status.owner, status.token) == (winners[0].owner, winners[0].token)
+
+
 NAMES = [
     "Key",
     "key",  # compared byte for byte: two locks
