@@ -5,7 +5,8 @@ A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespa
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
 release unlocks and NOTIFYs the namespace's channel with the key in one round trip; each
 client LISTENs on one connection and wakes only its local waiter of that key.  The lease is
-the holder session: its end is the loss of every lock on it.  See docs/backends/postgres.md.
+the holder session: its end is the loss of every lock on it.  :meth:`PostgresBackend.from_url`
+builds :mod:`.table`'s backend for ``strategy=table``.  See docs/backends/postgres.md.
 """
 
 from __future__ import annotations
