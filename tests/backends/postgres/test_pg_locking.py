@@ -235,6 +235,8 @@ async def test_a_called_client_that_leaves_calls_the_next_one(
     # Its unused wake-up goes to the next client in line, which takes the lock at once
     # (its fallback poll is HANG seconds away).
     await asyncio.wait_for(taker, HANG / 3)
+    # (its task may still be leaving the line: the pass-on's answer comes after the NOTIFY)
+    await asyncio.wait([gone], timeout=HANG)
     assert gone.cancelled()
     assert backend_of(second).listener.woke == 1
     assert await line(conn, holder, key) == []
