@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self, cast
 
 import asyncpg
 
-from ..._errors import BackendError
+from ..._errors import BackendError, ConfigurationError
 from ..._types import (
     Busy,
     Capability,
@@ -49,6 +49,19 @@ __all__ = ["PostgresTableBackend"]
 
 #: The LISTEN sessions waiting for a name (key: the name's 64-bit hash), oldest first.
 LISTENERS = "aiodlock_listeners"
+
+
+def _storable(owner: str) -> bool:
+    """Can ``owner`` be stored as text (no NUL, no lone surrogate)?"""
+    if "\0" in owner:
+        return False
+    if owner.isascii():
+        return True
+    try:
+        owner.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class PostgresTableBackend(LockTableBackend):
@@ -164,6 +177,11 @@ class PostgresTableBackend(LockTableBackend):
         return self.listener.waiter(self.key(request.name), backoff, request.owner)
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
+        if not _storable(request.owner):
+            raise ConfigurationError(
+                "postgres (strategy=table): an owner is stored as text: it cannot hold a NUL "
+                f"or a lone surrogate, got {request.owner!r:.80}"
+            )
         outcome: Grant | Busy | None = None
         if not (will_wait and (request.fair or request.urgent)):
             outcome = await self._take_free(request)
@@ -176,6 +194,10 @@ class PostgresTableBackend(LockTableBackend):
             if outcome.retry_after is None or outcome.retry_after > poll:
                 return Busy(poll)
         return outcome
+
+    async def abandon(self, request: Request) -> None:
+        if _storable(request.owner):  # (else nothing of it was ever stored)
+            await super().abandon(request)
 
     async def release(self, grant: Grant) -> bool:
         # (one statement, a transaction of its own: no BEGIN and COMMIT round trips)

@@ -270,6 +270,17 @@ async def test_cancellation_at_any_point_leaves_nothing_behind(
         pass
 
 
+@pytest.mark.parametrize("owner", ["nul\0inside", "lone \udcff"])
+async def test_an_owner_that_text_cannot_hold_is_a_clear_error(
+    client: aiodlock.Client, raw: RawFactory, namespace: str, owner: str
+) -> None:
+    with pytest.raises(aiodlock.ConfigurationError, match="owner"):
+        await client.lock("o", owner=owner).acquire(timeout=1)
+    assert await rows(await raw(), namespace) == []
+    async with client.lock("o", owner="fine"):
+        pass
+
+
 async def test_waiters_hold_no_connection_while_they_sleep(make_client: ClientFactory) -> None:
     holder = await make_client()
     waiting = await make_client(pool_size=2, poll_interval=0.05)
