@@ -262,27 +262,33 @@ class Listener:
                     conn.terminate()
                     raise
                 self.joined[key] = monotonic()
+                if not self.board.count(str(key)):
+                    # (its waiters left meanwhile: a re-LISTEN in the background raced them)
+                    await self._leave_line(conn, key, False)
         return self.joined.get(key)
 
     async def leave(self, key: int, called: bool = False) -> None:
         """The last local waiter of ``key`` left: leave its line (a failure ends the LISTEN
         session, whose rows then count as gone); ``called``: it left with a wake-up it did
         not use, which goes to the next client in line."""
-        if key not in self.joined or self.board.count(str(key)):
+        if self.board.count(str(key)):
             return
-        async with self._mutex:
+        async with self._mutex:  # (after a join under way, if any)
             conn = self.conn
             if key not in self.joined or self.board.count(str(key)) or conn is None:
                 return
-            del self.joined[key]
-            try:
-                if called:
-                    await self._call(conn, conn.execute(self._pass_on, key, self.channel))
-                else:
-                    await self._call(conn, conn.execute(self._leave, key))
-            except BaseException:
-                conn.terminate()
-                raise
+            await self._leave_line(conn, key, called)
+
+    async def _leave_line(self, conn: asyncpg.Connection, key: int, called: bool) -> None:
+        del self.joined[key]
+        try:
+            if called:
+                await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+            else:
+                await self._call(conn, conn.execute(self._leave, key))
+        except BaseException:
+            conn.terminate()
+            raise
 
     async def _call(self, conn: asyncpg.Connection, step: Awaitable[T]) -> T:
         try:

@@ -12,6 +12,7 @@ away (or stopped) ends on the server within ``op_timeout`` or two.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ..._errors import BackendError
-from .._sql import Script, run_script_async
+from .._sql import Fetch, Script, run_script_async
 
 __all__ = ["Pool", "Session", "server_timeouts"]
 
@@ -29,6 +30,16 @@ T = TypeVar("T")
 _LOST = (asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, ConnectionError)
 #: Rolled back by the server, nothing written: running the script again is safe.
 _AGAIN = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+_STARTED = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+#: $1 pids, $2 their start times, $3 ms: end those sessions (if they still run) and wait
+#: for them to be gone: what each was doing has then committed, or never will.
+SETTLE = (
+    "SELECT count(pg_terminate_backend(a.pid, $3::bigint)) FROM pg_stat_activity a"
+    " JOIN unnest($1::int[], $2::timestamptz[]) AS d(pid, started)"
+    " ON a.pid = d.pid AND a.backend_start = d.started"
+)
+#: A session: its server process id and when it started.
+Identity = tuple[int, datetime.datetime]
 
 
 def server_timeouts(op_timeout: float) -> dict[str, str]:
@@ -44,13 +55,24 @@ class Session:
     """A pooled connection and its prepared statements (each prepared once per session; a
     prepared statement gives both the rows and the status, so the rows a write changed)."""
 
-    __slots__ = ("_prepared", "committing", "conn")
+    __slots__ = ("_prepared", "committing", "conn", "identity")
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, identity: Identity) -> None:
         self.conn = conn
+        #: The server process of the session, and when it started (a pid alone may be reused).
+        self.identity = identity
         self._prepared: dict[str, Any] = {}
         #: COMMIT was sent: if its answer is lost, the transaction may have committed.
         self.committing = False
+
+    @classmethod
+    async def open(cls, conn: asyncpg.Connection) -> Session:
+        try:
+            started = await conn.fetchval(_STARTED)
+        except BaseException:
+            conn.terminate()
+            raise
+        return cls(conn, (conn.get_server_pid(), started))
 
     async def execute(self, sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
         statement = self._prepared.get(sql)
@@ -80,6 +102,9 @@ class Pool:
         self._idle: list[Session] = []
         self._slots = asyncio.Semaphore(size)
         self.closed = False
+        #: Sessions whose call was cut short (cancelled, timed out, lost): what they were
+        #: doing may still commit on the server (see :meth:`settle`).
+        self.doubtful: list[Identity] = []
 
     async def run(self, script: Callable[[], Script[T]], *, write: bool) -> T:
         """``script()`` on a lent session; again on another one when an idle session turned
@@ -95,12 +120,14 @@ class Pool:
                     if not session.conn.is_closed():
                         break
                 else:
-                    session = Session(await self._connect())
+                    session = await Session.open(await self._connect())
                     stale_ok = False  # (a new session that fails: no stale one to blame)
                 try:
                     result = await session.run(script(), write=write)
                 except BaseException as exc:
                     session.conn.terminate()
+                    if not isinstance(exc, asyncpg.PostgresError):  # (no answer: in doubt)
+                        self.doubtful = [*self.doubtful[-63:], session.identity]
                     stale = stale_ok and isinstance(exc, _LOST) and not session.committing
                     if stale or isinstance(exc, _AGAIN):
                         stale_ok = False
@@ -108,6 +135,13 @@ class Pool:
                     raise
                 self._give_back(session)
                 return result
+
+    def settle(self) -> Script[None]:
+        """End the sessions in doubt and wait until they are gone (before a clean-up: a
+        statement still running there could otherwise commit AFTER the clean-up read)."""
+        doubtful, ms = list(self.doubtful), 1000
+        yield Fetch(SETTLE, ([d[0] for d in doubtful], [d[1] for d in doubtful], ms))
+        self.doubtful = [d for d in self.doubtful if d not in doubtful]
 
     def _give_back(self, session: Session) -> None:
         if self.closed:

@@ -37,7 +37,7 @@ from ..._types import (
 )
 from ..._url import ParsedURL, take_int
 from ..._wakeup import Backoff, WakeupBoard
-from .._sql import Execute, Granted, Script
+from .._sql import Behind, Execute, Granted, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
 from ._connection import Listener
@@ -182,8 +182,10 @@ class PostgresTableBackend(LockTableBackend):
                 "postgres (strategy=table): an owner is stored as text: it cannot hold a NUL "
                 f"or a lone surrogate, got {request.owner!r:.80}"
             )
-        outcome: Grant | Busy | None = None
-        if not (will_wait and (request.fair or request.urgent)):
+        outcome: Grant | Busy | None
+        if will_wait and (request.fair or request.urgent):
+            outcome = await self._take_in_line(request)
+        else:
             outcome = await self._take_free(request)
         if outcome is None:
             outcome = await super().try_acquire(request, will_wait=will_wait)
@@ -196,8 +198,14 @@ class PostgresTableBackend(LockTableBackend):
         return outcome
 
     async def abandon(self, request: Request) -> None:
-        if _storable(request.owner):  # (else nothing of it was ever stored)
-            await super().abandon(request)
+        if not _storable(request.owner):
+            return  # (nothing of it was ever stored)
+        pool = self._pool
+        if pool is not None and pool.doubtful:
+            # An attempt cut short may still be committing on its (discarded) session:
+            # end it first, or the clean-up could miss the row it is about to commit.
+            await self._call("abandon", pool.settle, write=False)
+        await super().abandon(request)
 
     async def release(self, grant: Grant) -> bool:
         # (one statement, a transaction of its own: no BEGIN and COMMIT round trips)
@@ -207,6 +215,24 @@ class PostgresTableBackend(LockTableBackend):
         )
         self._wake_one(name)
         return released
+
+    async def _take_in_line(self, request: Request) -> Grant | Busy | None:
+        """One round trip for a waiter already in line (None: the full attempt decides)."""
+        if not request.queued:
+            return None  # (no place in line yet: the full attempt takes one)
+        started = monotonic()
+        name, owner, ttl = request.name, request.owner, request.ttl
+        keep = max(1.0, 20 * self.poll_max)  # (as the full attempt keeps it)
+        taken = await self._call(
+            "acquire", lambda: self.table.take_in_line(name, owner, ttl, keep), write=False
+        )
+        if isinstance(taken, Granted):
+            return Grant(name, owner, taken.token, started + ttl)
+        if isinstance(taken, Behind):
+            # (the first in line may wait here: pass it the wake-up, as the full attempt does)
+            self.listener.board.wake_tagged(self.board_key(name), taken.head)
+            return Busy()
+        return cast(Busy | None, taken)
 
     async def _take_free(self, request: Request) -> Grant | Busy | None:
         """One round trip: a free name with nobody in line, or another's live row (None: the

@@ -270,6 +270,32 @@ async def test_cancellation_at_any_point_leaves_nothing_behind(
         pass
 
 
+async def test_an_attempt_cut_short_cannot_commit_after_its_clean_up(
+    client: aiodlock.Client, raw: RawFactory, namespace: str
+) -> None:
+    conn = await raw()
+    # Another transaction holds the name's counter row: the attempt waits for it.
+    await conn.execute("BEGIN")
+    await conn.execute(
+        "INSERT INTO aiodlock_counters (namespace, name, token) VALUES ($1, $2, 100)",
+        namespace,
+        b"late",
+    )
+    task = asyncio.create_task(client.lock("late").acquire(timeout=HANG))
+    waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    await eventually(lambda: _count(conn.fetch(waiting), 1), what="the attempt waits")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # (the core's clean-up is done)
+    # The attempt's statement, still waiting on the server when its connection was
+    # dropped, must not go on to commit a row nobody will ever release.
+    await conn.execute("COMMIT")
+    await asyncio.sleep(0.2)
+    assert await rows(conn, namespace) == []
+    async with client.lock("late", timeout=HANG) as lease:
+        assert lease.token == 101
+
+
 @pytest.mark.parametrize("owner", ["nul\0inside", "lone \udcff"])
 async def test_an_owner_that_text_cannot_hold_is_a_clear_error(
     client: aiodlock.Client, raw: RawFactory, namespace: str, owner: str
