@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Self, cast
 import asyncpg
 
 from ..._errors import BackendError, ConfigurationError
+from ..._retry import retrying
 from ..._types import (
     Busy,
     Capability,
@@ -37,7 +38,7 @@ from ..._types import (
 )
 from ..._url import ParsedURL, take_int
 from ..._wakeup import Backoff, WakeupBoard
-from .._sql import Behind, Execute, Granted, Script
+from .._sql import Behind, Execute, Fetch, Granted, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
 from ._connection import Listener
@@ -47,6 +48,8 @@ from ._table_sql import AnnouncingTable
 
 __all__ = ["PostgresTableBackend"]
 
+#: $1 relation names -> how many of them do not exist.
+_MISSING = "SELECT count(*) FROM unnest($1::text[]) r WHERE to_regclass(r) IS NULL"
 #: The LISTEN sessions waiting for a name (key: the name's 64-bit hash), oldest first.
 LISTENERS = "aiodlock_listeners"
 
@@ -126,8 +129,15 @@ class PostgresTableBackend(LockTableBackend):
         return answer
 
     def _schema(self) -> Script[None]:
-        for statement in [*self.table.schema(), sql.create_waiters(self._listeners)]:
-            yield Execute(statement, ())
+        """Create what is missing (a plain read first: CREATE INDEX takes a table lock even
+        when the index exists, which would queue behind every write under way)."""
+        t = self.table
+        relations = [t.locks, f"{t.locks}_expiry", t.counters, t.line, f"{t.line}_order"]
+        relations += [f"{t.line}_expiry", self._listeners]
+        rows = yield Fetch(_MISSING, (relations,))
+        if rows[0][0]:
+            for statement in [*t.schema(), sql.create_waiters(self._listeners)]:
+                yield Execute(statement, ())
 
     async def open(self, on_lost: LostCallback) -> None:
         if self._pool is not None:
@@ -136,14 +146,13 @@ class PostgresTableBackend(LockTableBackend):
         self._pool = Pool(lambda: self.settings.connect(**timeouts), self.pool_size)
         self._listener = Listener(self.settings, self.channel, self._listeners)
         try:
-            for _ in range(3):
-                try:
-                    await self._call("create the lock tables", self._schema, write=False)
-                    break
-                except BackendError as exc:
-                    # (CREATE ... IF NOT EXISTS by two sessions at once: one of them fails)
-                    if not isinstance(exc.__cause__, asyncpg.UniqueViolationError):
-                        raise
+            # (CREATE ... IF NOT EXISTS by two sessions at once: one of them may fail)
+            await retrying(
+                lambda: self._call("create the lock tables", self._schema, write=False),
+                tries=3,
+                retry_if=lambda exc: isinstance(exc.__cause__, asyncpg.UniqueViolationError),
+                what="postgres: create the lock tables",
+            )
         except BaseException:
             await self.aclose()
             raise
