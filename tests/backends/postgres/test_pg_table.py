@@ -1,11 +1,14 @@
 """``strategy=table``: the lock table on a real PostgreSQL inside one process: exclusion and
-tokens, reentrancy, status, awkward names, one NOTIFY wake-up per release, FIFO for fair
-locks, cancellation at any point."""
+tokens, reentrancy, status, awkward names, FIFO for fair locks woken by NOTIFY (one wake-up
+per release: test_pg_locking.py, both strategies), cancellation at any point, the LISTEN
+session opened again (both strategies)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from collections.abc import Awaitable, Sized
 
 import asyncpg
 import pytest
@@ -17,6 +20,7 @@ from tests.helpers import HANG, ClientFactory, eventually
 from tests.servers import PostgresServer
 
 from .conftest import RawFactory
+from .pg_helpers import take_turns
 
 
 @pytest.fixture
@@ -63,24 +67,7 @@ async def test_exclusion_and_strictly_increasing_tokens_across_tasks_and_clients
     make_client: ClientFactory, raw: RawFactory, namespace: str
 ) -> None:
     clients = [await make_client(poll_interval=0.05) for _ in range(2)]
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(4):
-            async with client.lock("shared", timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    async with asyncio.TaskGroup() as group:
-        for i in range(6):
-            group.create_task(worker(clients[i % 2]))
-    assert len(tokens) == 24
-    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
+    await take_turns(clients, "shared", tasks=6, rounds=4)
     conn = await raw()
     assert await rows(conn, namespace) == []
     assert await line(conn, namespace) == []
@@ -173,44 +160,8 @@ async def test_hostile_names_are_separate_locks_stored_exactly(
     assert await rows(await raw(), namespace) == []
 
 
-async def test_one_client_is_woken_per_release(make_client: ClientFactory, raw: RawFactory) -> None:
-    conn = await raw()
-    holder = await make_client()
-    # (no fallback poll during the test: only NOTIFYs wake)
-    waiters = [await make_client(poll_interval=HANG) for _ in range(4)]
-    elsewhere = await make_client(poll_interval=HANG)
-    key = table_of(holder).key("herd")
-    await holder.lock("herd").acquire()
-    await elsewhere.lock("other").acquire()
-    order: list[aiodlock.Client] = []
-
-    async def wait(client: aiodlock.Client) -> None:
-        async with client.lock("herd", timeout=HANG):
-            order.append(client)
-            await asyncio.sleep(0.01)
-
-    tasks = [asyncio.create_task(wait(c)) for c in waiters]
-    bystander = asyncio.create_task(elsewhere.lock("other").acquire(timeout=HANG))
-    await eventually(lambda: _count(listeners(conn, key), 4), what="4 clients listening")
-    await holder.lock("herd").release()
-    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
-    # 4 releases (the holder's, then 3 waiters'): each woke exactly one waiter, the first
-    # in line (the waiters turned urgent: the clients still waiting are told who that is,
-    # and the others stay asleep).
-    ears = [table_of(c).listener for c in waiters]
-    assert [x.woke for x in ears] == [1, 1, 1, 1]
-    assert sum(x.heard for x in ears) <= 4 + 3 + 2 + 1
-    assert len(set(order)) == 4
-    assert await listeners(conn, key) == []
-    assert not bystander.done()  # a waiter of another name slept through all of it
-    assert table_of(elsewhere).listener.heard == 0
-    bystander.cancel()
-    with contextlib.suppress(asyncio.CancelledError, aiodlock.LockError):
-        await bystander
-
-
-async def _count(found: object, n: int) -> bool:
-    return len(await found) == n  # type: ignore[misc, arg-type]
+async def _count(found: Awaitable[Sized], n: int) -> bool:
+    return len(await found) == n
 
 
 async def test_fair_locks_are_granted_in_line_order_woken_by_notify(
@@ -228,9 +179,13 @@ async def test_fair_locks_are_granted_in_line_order_woken_by_notify(
             await asyncio.sleep(0.005)
 
     tasks = []
+
+    async def lined_up(n: int) -> bool:
+        return len(await line(conn, namespace)) == n
+
     for i in range(4):
         tasks.append(asyncio.create_task(wait(i)))
-        await eventually(lambda n=i + 1: _count(line(conn, namespace), n), what="in line")
+        await eventually(functools.partial(lined_up, i + 1), what="in line")
     key = table_of(holder).key("fifo")
     await eventually(lambda: _count(listeners(conn, key), 4), what="listening")
     await holder.lock("fifo").release()
@@ -354,8 +309,8 @@ async def test_a_call_cut_short_discards_its_connection(
         pass
 
 
-async def _zero(value: object) -> bool:
-    return await value == 0  # type: ignore[misc]
+async def _zero(value: Awaitable[object]) -> bool:
+    return await value == 0
 
 
 @pytest.mark.parametrize("strategy", ["advisory", "table"])
