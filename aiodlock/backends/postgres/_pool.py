@@ -26,8 +26,15 @@ __all__ = ["Pool", "Session", "server_timeouts"]
 
 T = TypeVar("T")
 
-#: The session went away (a restart, a terminated backend, a network failure).
-_LOST = (asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, ConnectionError)
+#: The session went away (a restart, a terminated backend, a network failure); an idle
+#: session the server ended may not know it yet, and refuse a statement as "another
+#: operation is in progress" (InternalClientError).
+_LOST = (
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    ConnectionError,
+)
 #: Rolled back by the server, nothing written: running the script again is safe.
 _AGAIN = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 _STARTED = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -107,9 +114,10 @@ class Pool:
         self.doubtful: list[Identity] = []
 
     async def run(self, script: Callable[[], Script[T]], *, write: bool) -> T:
-        """``script()`` on a lent session; again on another one when an idle session turned
-        out dead (the server restarted or ended it: nothing was written), and after a
-        deadlock or a serialization failure (rolled back).  The caller bounds the time."""
+        """``script()`` on a lent session; again on a new one when an idle session turned out
+        dead (the server restarted or ended it: nothing was written; every idle session goes
+        with it), and after a deadlock or a serialization failure (rolled back).  The caller
+        bounds the time."""
         stale_ok = True
         while True:
             async with self._slots:
@@ -129,6 +137,10 @@ class Pool:
                     if not isinstance(exc, asyncpg.PostgresError):  # (no answer: in doubt)
                         self.doubtful = [*self.doubtful[-63:], session.identity]
                     stale = stale_ok and isinstance(exc, _LOST) and not session.committing
+                    if stale:
+                        # (the server restarted or ended it: the other idle ones too, likely,
+                        # even if they do not know it yet)
+                        self._drop_idle()
                     if stale or isinstance(exc, _AGAIN):
                         stale_ok = False
                         continue
@@ -149,8 +161,11 @@ class Pool:
         else:
             self._idle.append(session)
 
-    async def aclose(self) -> None:
-        self.closed = True
+    def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
         for session in idle:
             session.conn.terminate()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self._drop_idle()

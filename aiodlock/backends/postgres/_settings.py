@@ -29,6 +29,7 @@ _TRANSIENT = (
     asyncpg.ConnectionDoesNotExistError,
     asyncpg.DeadlockDetectedError,
     asyncpg.SerializationError,
+    asyncpg.InternalClientError,  # (a session the server ended, used before it was noticed)
 )
 
 
@@ -79,7 +80,7 @@ class Settings:
     def translate(self, what: str) -> contextlib.AbstractContextManager[None]:
         return translating(
             "postgres",
-            (asyncpg.PostgresError, asyncpg.InterfaceError),
+            (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError),
             what=what,
             secrets=self.secrets,
             transient=_TRANSIENT,
