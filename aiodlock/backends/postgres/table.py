@@ -8,11 +8,12 @@ on a small pool of asyncpg sessions (:mod:`._pool`); write scripts run in one tr
 The core's watchdog renews the rows.
 
 A release (and an abandon or a break that freed something) NOTIFYs, in its transaction, the
-client that has waited longest for the name (:func:`._statements.call_next`); each client
-LISTENs on one connection (:class:`._connection.Listener`, shared with the advisory
-strategy) and wakes only its local waiter of that name.  A waiter still asks again within
-``poll_interval`` when no NOTIFY comes (a holder that died: its row expires).  See
-docs/backends/postgres.md.
+client whose waiter may take the name now (:func:`._table_sql.call_next`: the one where the
+first in line waits, else the one that has waited longest); each client LISTENs on one
+connection (:class:`._connection.Listener`, shared with the advisory strategy) and wakes
+only that local waiter.  A waiter still asks again within ``poll_interval`` when no NOTIFY
+comes (a holder that died: its row expires).  The common steps are one statement each
+(:mod:`._table_sql`).  See docs/backends/postgres.md.
 """
 
 from __future__ import annotations
