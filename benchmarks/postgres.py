@@ -1,17 +1,20 @@
-"""PostgreSQL benchmarks: aiodlock's ``postgresql://`` (advisory strategy) against the raw
+"""PostgreSQL benchmarks: aiodlock's ``postgresql://`` (both strategies) against the raw
 floor and against what people write by hand, on a throw-away PostgreSQL on a free loopback
 port (``tests/servers.py``; fsync off unless ``--durable``).
 
 * A (uncontended): one task, one name, acquire+release cycles in slices of ``--a-seconds``,
   alternating with the floor: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` on one
   asyncpg connection.  The ratio to the floor is taken per round, its median reported.
+  ``strategy=table`` runs in the same rounds (recorded, no target).
 * B (hand-off gap): ``--b-clients`` clients (one task each, so the lock passes between
   sessions, not between the tasks of one client) take turns on one name holding it 1 ms;
   the gap is from the holder's release call to the next holder's grant, when that is another
-  client (a client that takes the lock back at once is no hand-off).  The same for the
-  polling loop (``pg_try_advisory_lock``, then a 0.1 s sleep when busy).
+  client (a client that takes the lock back at once is no hand-off).  The same for
+  ``strategy=table`` and for the polling loop (``pg_try_advisory_lock``, then a 0.1 s sleep
+  when busy).
 * W (wake-ups): ``--waiters`` clients wait on one name and take it in turn; the NOTIFYs
-  that woke a waiter, per hand-off (the fallback poll is off: ``poll_interval`` 60 s).
+  that woke a waiter, per hand-off (the fallback poll is off: ``poll_interval`` 60 s), for
+  each strategy.
 
     python -m benchmarks.postgres [--quick] [--durable]
 
@@ -32,6 +35,7 @@ import asyncpg
 
 import aiodlock
 from aiodlock.backends.postgres import PostgresBackend
+from aiodlock.backends.postgres.table import PostgresTableBackend
 
 from .server import ROOT, log, temporary_server
 
@@ -63,21 +67,41 @@ async def _aiodlock(client: aiodlock.Client, seconds: float) -> float:
 
 
 async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
-    ratios, floor, ours = [], [], []
-    async with aiodlock.connect(url, namespace=f"a{uuid.uuid4().hex[:8]}") as client:
+    ratios, floor, ours, table, table_ratios = [], [], [], [], []
+    namespace = f"a{uuid.uuid4().hex[:8]}"
+    async with (
+        aiodlock.connect(url, namespace=namespace) as client,
+        aiodlock.connect(f"{url}?strategy=table", namespace=namespace) as rows,
+    ):
         await _aiodlock(client, 0.3)  # warm up (connection, statement cache)
+        await _aiodlock(rows, 0.3)
         await _floor(url, 0.3)
         for i in range(rounds):
-            pair = [_floor(url, seconds), _aiodlock(client, seconds)]
-            if i % 2:
-                b, a = await pair[1], await pair[0]
-            else:
-                a, b = await pair[0], await pair[1]
+            # (the order turns every round: no side always runs first)
+            runs = [
+                ("floor", lambda: _floor(url, seconds)),
+                ("advisory", lambda: _aiodlock(client, seconds)),
+                ("table", lambda: _aiodlock(rows, seconds)),
+            ]
+            shift = i % len(runs)
+            got = {name: await run() for name, run in runs[shift:] + runs[:shift]}
+            a, b, t = got["floor"], got["advisory"], got["table"]
             floor.append(a)
             ours.append(b)
+            table.append(t)
             ratios.append(b / a)
-            log(f"A round {i + 1}: floor {a:.0f}/s, aiodlock {b:.0f}/s, ratio {b / a:.2f}")
-    return {"floor": floor, "aiodlock": ours, "ratio_median": statistics.median(ratios)}
+            table_ratios.append(t / a)
+            log(
+                f"A round {i + 1}: floor {a:.0f}/s, advisory {b:.0f}/s (ratio {b / a:.2f}), "
+                f"table {t:.0f}/s (ratio {t / a:.2f})"
+            )
+    return {
+        "floor": floor,
+        "aiodlock": ours,
+        "ratio_median": statistics.median(ratios),
+        "table": table,
+        "table_ratio_median": statistics.median(table_ratios),
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -132,15 +156,18 @@ async def workload_b_polling(url: str, clients: int, cycles: int) -> list[float]
     return [g * 1000 for g in gaps]
 
 
-async def workload_w(url: str, waiters: int) -> dict[str, float]:
+async def workload_w(url: str, waiters: int, strategy: str = "advisory") -> dict[str, float]:
     namespace = f"w{uuid.uuid4().hex[:8]}"
-    holder = aiodlock.connect(url, namespace=namespace)
+    lock_url = f"{url}?strategy={strategy}"
+    holder = aiodlock.connect(lock_url, namespace=namespace)
     await holder.open()
-    clients = [aiodlock.connect(url, namespace=namespace, poll_interval=60) for _ in range(waiters)]
+    clients = [
+        aiodlock.connect(lock_url, namespace=namespace, poll_interval=60) for _ in range(waiters)
+    ]
     for client in clients:
         await client.open()
     backends = [c.backend for c in clients]
-    assert all(isinstance(b, PostgresBackend) for b in backends)
+    assert all(isinstance(b, PostgresBackend | PostgresTableBackend) for b in backends)
     listeners = [b.listener for b in backends]  # type: ignore[attr-defined]
     done = 0
 
@@ -154,7 +181,7 @@ async def workload_w(url: str, waiters: int) -> dict[str, float]:
         await holder.lock("w").acquire()
         tasks = [asyncio.create_task(take(c)) for c in clients]
         conn = await asyncpg.connect(url)
-        table = '"aiodlock_tokens_waiters"'
+        table = '"aiodlock_tokens_waiters"' if strategy == "advisory" else '"aiodlock_listeners"'
         key = backends[0].key("w")  # type: ignore[attr-defined]
         while await conn.fetchval(f"SELECT count(*) FROM {table} WHERE key = $1", key) < waiters:
             await asyncio.sleep(0.01)
@@ -180,14 +207,17 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
     result["A"] = await workload_a(url, args.a_rounds, args.a_seconds)
     ours = await workload_b_aiodlock(url, args.b_clients, args.b_cycles)
+    table = await workload_b_aiodlock(f"{url}?strategy=table", args.b_clients, args.b_cycles)
     polling = await workload_b_polling(url, args.b_clients, max(5, args.b_cycles // 10))
     result["B"] = {
         name: {"p50_ms": _pct(gaps, 0.5), "p99_ms": _pct(gaps, 0.99), "n": len(gaps)}
-        for name, gaps in (("aiodlock", ours), ("polling", polling))
+        for name, gaps in (("aiodlock", ours), ("table", table), ("polling", polling))
     }
     log(f"B: {result['B']}")
     result["W"] = await workload_w(url, args.waiters)
     log(f"W: {result['W']}")
+    result["W_table"] = await workload_w(url, args.waiters, "table")
+    log(f"W (table): {result['W_table']}")
     return result
 
 
@@ -226,6 +256,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {text}: {value:.3g}")
     print(f"polling loop: hand-off gap p50 {result['B']['polling']['p50_ms']:.1f} ms, "
           f"p99 {result['B']['polling']['p99_ms']:.1f} ms")  # fmt: skip
+    t, wt = result["B"]["table"], result["W_table"]
+    print(f"strategy=table (no target): uncontended {statistics.median(a['table']):.0f}/s "
+          f"({a['table_ratio_median']:.2f}x the floor), hand-off gap p50 {t['p50_ms']:.1f} ms, "
+          f"p99 {t['p99_ms']:.1f} ms, wake-ups per hand-off {wt['wakeups_per_handoff']:.2f}, "
+          f"NOTIFYs heard per hand-off {wt['notifications_heard_per_handoff']:.1f}")  # fmt: skip
     if args.json:  # (read by benchmarks.suite)
         with open(args.json, "w") as file:
             json.dump(result, file, indent=2)

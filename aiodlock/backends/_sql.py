@@ -17,6 +17,7 @@ own transaction).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
@@ -115,7 +116,8 @@ class Dialect:
 
     #: Short name, e.g. ``"sqlite"``.
     name: str = "sql"
-    #: The driver's placeholder (``"?"`` qmark, ``"%s"`` format); ``?`` is rewritten to it.
+    #: The driver's placeholder (``"?"`` qmark, ``"%s"`` format); ``?`` is rewritten to it;
+    #: ``"$"``: numbered, ``$1``, ``$2``, ... in order (asyncpg).
     placeholder: str = "?"
     #: Appended to the row read inside a write transaction (``" FOR UPDATE"`` on InnoDB;
     #: empty where the transaction already serialises writers, as SQLite's does).
@@ -135,6 +137,9 @@ class Dialect:
     sweep_limit: int = 64
     #: The SQL expression a name's parameter stands in (e.g. ``"UNHEX(?)"``).
     name_sql: str = "?"
+    #: Appended to the INSERT of a lock row (e.g. ``" ON CONFLICT DO NOTHING"``, where a
+    #: duplicate key would abort the transaction: the script sees 0 rows inserted instead).
+    insert_suffix: str = ""
 
     def name_param(self, key: bytes) -> Any:
         """The parameter sent for a name's stored bytes (``name_sql`` turns it back)."""
@@ -216,7 +221,7 @@ class LockTable:
         self._select_for_update = q(f"SELECT {cols} FROM {locks} WHERE {key}{dialect.for_update}")
         self._insert = q(
             f"INSERT INTO {locks} (namespace, name, owner, token, expires_at, version) "
-            f"VALUES (?, {n}, ?, ?, ?, 1)"
+            f"VALUES (?, {n}, ?, ?, ?, 1){dialect.insert_suffix}"
         )
         self._take_over = q(
             f"UPDATE {locks} SET owner = ?, token = ?, expires_at = ?, version = version + 1 "
@@ -252,6 +257,9 @@ class LockTable:
     def render(self, sql: str) -> str:
         """``sql`` with its ``?`` placeholders written as the dialect's."""
         placeholder = self.dialect.placeholder
+        if placeholder == "$":
+            numbers = itertools.count(1)
+            return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
         return sql if placeholder == "?" else sql.replace("?", placeholder)
 
     def schema(self) -> list[str]:

@@ -34,6 +34,7 @@ BACKENDS: dict[str, tuple[str, tuple[pytest.MarkDecorator, ...]]] = {
     # (the table through the other driver: its own dependency, checked below)
     "mysql-asyncmy": ("aiodlock.backends.mysql", (pytest.mark.mysql, pytest.mark.slow)),
     "postgres": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
+    "postgres-table": ("aiodlock.backends.postgres", (pytest.mark.postgres, pytest.mark.slow)),
 }
 
 
@@ -85,6 +86,8 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         return str(request.getfixturevalue("mariadb_server").url)
     if backend == "postgres":
         return str(request.getfixturevalue("postgres_server").url)
+    if backend == "postgres-table":
+        return str(request.getfixturevalue("postgres_server").url) + "?strategy=table"
     if backend == "mysql-named":
         return str(request.getfixturevalue("mariadb_server").url) + "?strategy=named"
     if backend == "mysql-row":

@@ -1,5 +1,6 @@
-"""``postgresql://`` / ``postgres://``: session-level advisory locks woken by LISTEN/NOTIFY
-(see :mod:`.backend` and docs/backends/postgres.md)."""
+"""``postgresql://`` / ``postgres://``: session-level advisory locks (:mod:`.backend`, the
+default) or the lock table (``strategy=table``, :mod:`.table`), both woken by LISTEN/NOTIFY
+(see docs/backends/postgres.md)."""
 
 from ._statements import lock_key
 from .backend import PostgresBackend

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import anyio
 import asyncpg
 
 from ..._errors import BackendError
 from ..._types import monotonic
-from ..._wakeup import Timer, WakeupBoard
+from ..._wakeup import Backoff, BoardWaiter, Heartbeat, Timer, WakeupBoard
 from . import _statements as sql
+from ._settings import Settings
 
 __all__ = ["Holder", "Listener"]
 
@@ -188,13 +191,13 @@ class Listener:
     the channel of the client that waited longest (``{channel}_{pid}``), and that client
     alone hears it and wakes ONE waiter of the key (its board is keyed by the key as text).
     It also listens on the namespace's channel, for what every client must hear.  Opened by
-    the first waiter; when it ends, every waiter asks again and polls until a later waiter
-    opens it again."""
+    the first waiter; when it ends while tasks wait, it is opened again in the background
+    (and their places in line taken again), the waiters polling meanwhile."""
 
-    def __init__(self, connect: Connect, channel: str, waiters: str, op_timeout: float) -> None:
-        self._connect = connect
+    def __init__(self, settings: Settings, channel: str, waiters: str) -> None:
+        self._settings = settings
         self.channel = channel
-        self.op_timeout = op_timeout
+        self.op_timeout = settings.config.op_timeout
         self._join = sql.join_line(waiters)
         self._leave = sql.leave_line(waiters)
         self._pass_on = sql.pass_on(waiters)
@@ -208,12 +211,39 @@ class Listener:
         self.heard = 0
         self.woke = 0
         self._mutex = asyncio.Lock()
+        self._relisten = Heartbeat(self._rejoin, "aiodlock:postgres-listen")
+        self._pauses = Backoff(0.05, 1.0)
 
     def listening(self) -> bool:
         return self.conn is not None and not self.conn.is_closed()
 
     def listening_for(self, key: int) -> bool:
         return key in self.joined and self.listening()
+
+    @contextlib.asynccontextmanager
+    async def waiter(
+        self, key: int, backoff: Backoff, tag: object = None
+    ) -> AsyncIterator[BoardWaiter]:
+        """A local waiter of ``key`` (``tag``: what a wake-up meant for it alone names): on
+        the board, in the line of ``key`` while any local waiter is; it polls with
+        ``backoff`` while a release would not reach it."""
+        slot = self.board.add(str(key), tag)
+        try:
+            since = None
+            # (unable to listen, it polls until the listener is back)
+            with contextlib.suppress(BackendError), self._settings.translate("listen"):
+                since = await self.join(key)
+            waiter = BoardWaiter(slot, backoff, functools.partial(self.listening_for, key))
+            waiter.listening_since = since
+            yield waiter
+        finally:
+            called = slot.event.is_set()  # (a wake-up it did not use)
+            self.board.remove(slot)  # (which hands it to another local waiter, if any)
+            if not self.board.count(str(key)):
+                shielded = anyio.CancelScope(shield=True)
+                leaving = self._settings.translate("leave")
+                with shielded, contextlib.suppress(BackendError), leaving:
+                    await self.leave(key, called)
 
     async def join(self, key: int) -> float | None:
         """Listen (one connection, one ``LISTEN``) and take a row in the line of ``key``;
@@ -232,27 +262,33 @@ class Listener:
                     conn.terminate()
                     raise
                 self.joined[key] = monotonic()
+                if not self.board.count(str(key)):
+                    # (its waiters left meanwhile: a re-LISTEN in the background raced them)
+                    await self._leave_line(conn, key, False)
         return self.joined.get(key)
 
     async def leave(self, key: int, called: bool = False) -> None:
         """The last local waiter of ``key`` left: leave its line (a failure ends the LISTEN
         session, whose rows then count as gone); ``called``: it left with a wake-up it did
         not use, which goes to the next client in line."""
-        if key not in self.joined or self.board.count(str(key)):
+        if self.board.count(str(key)):
             return
-        async with self._mutex:
+        async with self._mutex:  # (after a join under way, if any)
             conn = self.conn
             if key not in self.joined or self.board.count(str(key)) or conn is None:
                 return
-            del self.joined[key]
-            try:
-                if called:
-                    await self._call(conn, conn.execute(self._pass_on, key, self.channel))
-                else:
-                    await self._call(conn, conn.execute(self._leave, key))
-            except BaseException:
-                conn.terminate()
-                raise
+            await self._leave_line(conn, key, called)
+
+    async def _leave_line(self, conn: asyncpg.Connection, key: int, called: bool) -> None:
+        del self.joined[key]
+        try:
+            if called:
+                await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+            else:
+                await self._call(conn, conn.execute(self._leave, key))
+        except BaseException:
+            conn.terminate()
+            raise
 
     async def _call(self, conn: asyncpg.Connection, step: Awaitable[T]) -> T:
         try:
@@ -263,7 +299,7 @@ class Listener:
             raise
 
     async def _listen(self) -> asyncpg.Connection | None:
-        conn = await self._connect()
+        conn = await self._settings.connect()
         try:
             own = f"{self.channel}_{conn.get_server_pid()}"
             for channel in (own, self.channel):
@@ -271,19 +307,19 @@ class Listener:
         except BaseException:
             conn.terminate()
             raise
-        if not self._usable():  # (closed meanwhile)
+        if self.closed:
             conn.terminate()
             return None
         conn.add_termination_listener(self._terminated)
         self.conn, self.pid = conn, conn.get_server_pid()
         return conn
 
-    def _usable(self) -> bool:
-        return not self.closed
-
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        """``"key"``: wake one waiter of the key; ``"key owner"``: wake that owner's waiter,
+        if it waits here (the first in a line: told to every client waiting for the key)."""
         self.heard += 1
-        if self.board.wake_one(payload):
+        key, _, owner = payload.partition(" ")
+        if self.board.wake_tagged(key, owner) if owner else self.board.wake_one(key):
             self.woke += 1
 
     def _terminated(self, conn: Any) -> None:
@@ -292,9 +328,29 @@ class Listener:
             self.joined.clear()
             for key in self.board.names():
                 self.board.wake_all(key)  # releases may go unheard: ask again, then poll
+            if self.board.names() and not self.closed:
+                self._pauses.reset()
+                self._relisten.start(0.0)
+
+    async def _rejoin(self) -> float | None:
+        """(the heartbeat, while tasks wait and the session is gone) LISTEN again and take
+        their places in line again; the pause before the next try, or None: done."""
+        keys = [int(key) for key in self.board.names()]
+        if self.closed or not keys:
+            return None
+        try:
+            with self._settings.translate("listen"):
+                for key in keys:
+                    await self.join(key)
+        except BackendError:
+            return self._pauses.next()  # (the server is not back yet)
+        for key in keys:
+            self.board.wake_one(str(key))  # (a release while nobody listened: ask again)
+        return None
 
     async def close(self) -> None:
         self.closed = True
+        self._relisten.stop()
         conn, self.conn = self.conn, None
         self.joined.clear()
         if conn is not None:

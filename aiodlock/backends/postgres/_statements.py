@@ -76,14 +76,14 @@ def create_waiters(waiters: str) -> str:
 
 
 #: A session that no longer exists (its client died without leaving the line).
-_DEAD = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a WHERE a.pid IS NOT NULL)"
+DEAD_PID = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(pid) a WHERE a.pid IS NOT NULL)"
 
 
 def join_line(waiters: str) -> str:
     """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way)."""
     return (
         f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
-        + _DEAD.format(pid="pid")
+        + DEAD_PID
         + f") INSERT INTO {waiters} (key, pid) VALUES ($1::bigint, pg_backend_pid()) "
         "ON CONFLICT DO NOTHING"
     )
@@ -101,7 +101,20 @@ def pass_on(waiters: str) -> str:
         f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
         " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
         f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
-        " AND NOT " + _DEAD.format(pid="pid") + " ORDER BY since LIMIT 1) w"
+        " AND NOT " + DEAD_PID + " ORDER BY since LIMIT 1) w"
+    )
+
+
+def call_next(waiters: str) -> str:
+    """$1 key, $2 channel: NOTIFY (at commit) the channel of ONE client, the one that has
+    waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN session), with the
+    key: that client alone hears it, and wakes one of its waiters of the key.  Nothing is
+    sent when nobody waits."""
+    return (
+        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
+        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
+        + DEAD_PID
+        + " ORDER BY since LIMIT 1) w"
     )
 
 
@@ -112,19 +125,6 @@ def unlock(waiters: str) -> str:
     return (
         "SELECT pg_advisory_unlock($1::bigint), "
         f"EXISTS (SELECT 1 FROM {waiters} WHERE key = $1::bigint)"
-    )
-
-
-def call_next(waiters: str) -> str:
-    """$1 key, $2 channel: NOTIFY (at the statement's commit) the channel of ONE client, the
-    one that has waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN
-    session), with the key: that client alone hears it, and wakes one of its waiters of the
-    key.  Clients whose session died are skipped; none is called when nobody waits."""
-    return (
-        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
-        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
-        + _DEAD.format(pid="pid")
-        + " ORDER BY since LIMIT 1) w"
     )
 
 

@@ -5,7 +5,8 @@ A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespa
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
 release unlocks and, only when a client waits for the key, NOTIFYs the one that has waited
 longest; each client LISTENs on one connection and wakes only its local waiter of that key.
-The lease is the holder session: its end is the loss of every lock on it.  See
+The lease is the holder session: its end is the loss of every lock on it.
+:meth:`PostgresBackend.from_url` builds :mod:`.table`'s backend for ``strategy=table``.  See
 docs/backends/postgres.md.
 """
 
@@ -13,17 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Self
-from urllib.parse import quote
+from typing import Any, Self, cast
 
-import anyio
 import asyncpg
 
-from ..._errors import BackendError, ConfigurationError, Unsupported, translating
+from ..._errors import BackendError
 from ..._types import (
     Busy,
     Capability,
@@ -35,25 +33,15 @@ from ..._types import (
     Waiter,
     monotonic,
 )
-from ..._url import ParsedURL, format_host, take_float, take_str
-from ..._wakeup import Backoff, BoardWaiter
+from ..._url import ParsedURL, take_str
+from ..._wakeup import Backoff
 from .._base import Backend
 from . import _statements as sql
 from ._connection import Holder, Listener
+from ._settings import Settings
 
 __all__ = ["PostgresBackend"]
 
-DEFAULT_PORT = 5432
-SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-#: Errors that time can cure: the server restarts, is starting, shut a session down.
-_TRANSIENT = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.ConnectionDoesNotExistError,
-)
 #: A statement that raised one of these ended with its session (a timeout discards it).
 _SESSION_ENDED = (
     asyncpg.ConnectionDoesNotExistError,
@@ -77,47 +65,18 @@ class PostgresBackend(Backend):
     backend_name = "postgres"
     capabilities = Capability.FENCING | Capability.SESSION_LEASE | Capability.CROSS_PROCESS
 
-    def __init__(self, config: CommonConfig, url: ParsedURL, options: dict[str, Any]) -> None:
-        if url.scheme not in ("postgresql", "postgres"):
-            raise ConfigurationError(f"not a PostgreSQL URL scheme: {url.scheme!r}")
+    def __init__(self, config: CommonConfig, settings: Settings, options: dict[str, Any]) -> None:
         self.config = config
-        self._scheme = url.scheme
-        hosts = url.host_list(DEFAULT_PORT) or [("127.0.0.1", DEFAULT_PORT)]
-        if len(hosts) > 1:
-            raise ConfigurationError("postgres: one host only (a proxy or a DNS name in front)")
-        self.host, self.port = hosts[0]
-        self.database = url.path.lstrip("/") or None
-        if self.database is not None and "/" in self.database:
-            raise ConfigurationError(f"postgres: bad database name in the URL path: {url.path!r}")
-        self.user = take_str(options, "user", url.username)
-        password = take_str(options, "password", url.password)
-        self._password = password
-        self._secrets = (password,) if password else ()
-        strategy = take_str(options, "strategy", "advisory")
-        if strategy == "table":
-            raise Unsupported(
-                "postgres: strategy='table' (the lock table) is not available yet; "
-                "use strategy='advisory'"
-            )
-        if strategy != "advisory":
-            raise ConfigurationError(
-                f"postgres: option 'strategy' must be 'advisory' or 'table', not {strategy!r}"
-            )
-        self.strategy = strategy
-        self.sslmode = take_str(options, "sslmode", None)
-        if self.sslmode is not None and self.sslmode not in SSLMODES:
-            raise ConfigurationError(
-                f"postgres: option 'sslmode' must be one of {', '.join(SSLMODES)}, "
-                f"not {self.sslmode!r}"
-            )
+        self.settings = settings
+        self.strategy, self.host, self.port = settings.strategy, settings.host, settings.port
+        self.database, self.user, self.sslmode = settings.database, settings.user, settings.sslmode
         table = take_str(options, "table", "aiodlock_tokens") or "aiodlock_tokens"
         self.table = table
         self._table = sql.quote_ident(table)
         self._waiters = sql.quote_ident(f"{table}_waiters")
         self._unlock_sql = sql.unlock(self._waiters)
         self._call_next = sql.call_next(self._waiters)
-        self.poll_interval = take_float(options, "poll_interval", 1.0, allow_zero=False)
-        self.application_name = take_str(options, "application_name", "aiodlock")
+        self.poll_interval = settings.poll_interval
         self.channel = sql.channel_of(config.namespace)
         self._try_lock = sql.try_lock(self._table)
         self._status = sql.status(self._table)
@@ -132,43 +91,26 @@ class PostgresBackend(Backend):
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
-        return cls(config, url, options)
+        settings = Settings(config, url, options)
+        # (the scheme's one class builds the strategy's backend: the core only calls it)
+        if settings.strategy == "table":
+            from .table import PostgresTableBackend
+
+            return cast(Self, PostgresTableBackend(config, settings, options))
+        return cls(config, settings, options)
 
     def describe(self) -> str:
-        auth = quote(self.user, safe="") if self.user is not None else ""
-        auth += ":***" if self._password is not None else ""
-        auth += "@" if auth else ""
-        query = f"?sslmode={self.sslmode}" if self.sslmode else ""
-        where = format_host(self.host, self.port)
-        return f"{self._scheme}://{auth}{where}/{quote(self.database or '')}{query}"
+        return self.settings.describe()
 
     def key(self, name: str) -> int:
         """The advisory lock key of ``name`` in this client's namespace."""
         return sql.lock_key(self.config.namespace, name)
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
-        return translating(
-            "postgres",
-            (asyncpg.PostgresError, asyncpg.InterfaceError),
-            what=what,
-            secrets=self._secrets,
-            transient=_TRANSIENT,
-        )
+        return self.settings.translate(what)
 
     async def _connect(self) -> asyncpg.Connection:
-        with self._translate("connect"):
-            return await asyncpg.connect(
-                host=self.host,
-                port=self.port,
-                user=self.user,
-                password=self._password,
-                database=self.database,
-                ssl=self.sslmode,
-                timeout=self.config.connect_timeout,
-                command_timeout=None,
-                statement_cache_size=16,
-                server_settings={"application_name": self.application_name or "aiodlock"},
-            )
+        return await self.settings.connect()
 
     @property
     def holder(self) -> Holder:
@@ -186,7 +128,7 @@ class PostgresBackend(Backend):
         self._on_lost = on_lost
         op = self.config.op_timeout
         self._holder = Holder(self._connect, op, self._ended, lambda: bool(self._held))
-        self._listener = Listener(self._connect, self.channel, self._waiters, op)
+        self._listener = Listener(self.settings, self.channel, self._waiters)
         try:
             async with self.holder.session() as conn:
                 assert conn is not None
@@ -271,28 +213,7 @@ class PostgresBackend(Backend):
         return grant
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
-        return self._waiter(self.key(request.name))
-
-    @contextlib.asynccontextmanager
-    async def _waiter(self, key: int) -> AsyncIterator[Waiter]:
-        listener = self.listener
-        slot = listener.board.add(str(key))
-        try:
-            since = None
-            # (unable to listen, it polls until a later waiter can)
-            with contextlib.suppress(BackendError), self._translate("listen"):
-                since = await listener.join(key)
-            listening = functools.partial(listener.listening_for, key)
-            waiter = BoardWaiter(slot, Backoff(0.01, self.poll_interval), listening)
-            waiter.listening_since = since
-            yield waiter
-        finally:
-            called = slot.event.is_set()  # (a wake-up it did not use)
-            listener.board.remove(slot)  # (which hands it to another local waiter, if any)
-            if not listener.board.count(str(key)):
-                shielded = anyio.CancelScope(shield=True)
-                with shielded, contextlib.suppress(BackendError), self._translate("leave"):
-                    await listener.leave(key, called)
+        return self.listener.waiter(self.key(request.name), Backoff(0.01, self.poll_interval))
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         """The session is the lease: one ``SELECT 1`` proves it still lives."""

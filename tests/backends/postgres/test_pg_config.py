@@ -6,6 +6,7 @@ import pytest
 
 import aiodlock
 from aiodlock.backends.postgres import PostgresBackend, lock_key
+from aiodlock.backends.postgres.table import PostgresTableBackend
 from tests.servers import PostgresServer
 
 from .pg_helpers import backend_of
@@ -53,15 +54,30 @@ def test_several_hosts_are_refused() -> None:
         aiodlock.connect("postgresql://h1,h2/db")
 
 
-def test_the_table_strategy_is_unsupported_for_now() -> None:
-    with pytest.raises(aiodlock.Unsupported, match="table"):
-        aiodlock.connect("postgresql://u:pw@h/db?strategy=table")
+def test_the_strategy_picks_the_backend() -> None:
+    table = aiodlock.connect("postgresql://u:s3cr%40t@h/db?strategy=table&sslmode=require")
+    assert isinstance(table.backend, PostgresTableBackend)
+    assert table.backend.strategy == "table"
+    shown = f"{table!r} {table.backend.describe()}"
+    assert "postgresql://u:***@h:5432/db?sslmode=require&strategy=table" in shown
+    assert "s3cr" not in shown
     backend = backend_of(aiodlock.connect("postgresql://u:pw@h/db?strategy=advisory"))
     assert backend.strategy == "advisory"
+    with pytest.raises(aiodlock.ConfigurationError, match="pool_size"):
+        aiodlock.connect("postgresql://u:pw@h/db?strategy=table&pool_size=0")
+    with pytest.raises(aiodlock.ConfigurationError, match=r"option.*'table'"):  # (advisory's)
+        aiodlock.connect("postgresql://u:pw@h/db?strategy=table&table=x")
 
 
-async def test_a_wrong_password_is_a_clear_error(postgres_server: PostgresServer) -> None:
+STRATEGIES = pytest.mark.parametrize("strategy", ["advisory", "table"])
+
+
+@STRATEGIES
+async def test_a_wrong_password_is_a_clear_error(
+    postgres_server: PostgresServer, strategy: str
+) -> None:
     url = f"postgresql://postgres:not-the-Pw9@{postgres_server.address}/postgres"
+    url += f"?strategy={strategy}"
     client = aiodlock.connect(url, op_timeout=3)
     with pytest.raises(aiodlock.BackendError) as info:
         await client.open()
@@ -71,20 +87,25 @@ async def test_a_wrong_password_is_a_clear_error(postgres_server: PostgresServer
     assert not info.value.transient
 
 
-async def test_a_missing_database_is_a_clear_error(postgres_server: PostgresServer) -> None:
-    url = postgres_server.url.rsplit("/", 1)[0] + "/no_such_db"
+@STRATEGIES
+async def test_a_missing_database_is_a_clear_error(
+    postgres_server: PostgresServer, strategy: str
+) -> None:
+    url = postgres_server.url.rsplit("/", 1)[0] + f"/no_such_db?strategy={strategy}"
     client = aiodlock.connect(url, op_timeout=3)
     with pytest.raises(aiodlock.BackendError, match='database "no_such_db" does not exist'):
         await client.open()
 
 
-async def test_sslmode(postgres_server: PostgresServer, namespace: str) -> None:
+@STRATEGIES
+async def test_sslmode(postgres_server: PostgresServer, namespace: str, strategy: str) -> None:
     # The test server speaks no TLS: "disable" works, "require" says why it cannot.
+    url = f"{postgres_server.url}?strategy={strategy}&sslmode="
     async with (
-        aiodlock.connect(postgres_server.url + "?sslmode=disable", namespace=namespace) as client,
+        aiodlock.connect(url + "disable", namespace=namespace) as client,
         client.lock("tls"),
     ):
         pass
-    client = aiodlock.connect(postgres_server.url + "?sslmode=require", op_timeout=3)
+    client = aiodlock.connect(url + "require", op_timeout=3)
     with pytest.raises(aiodlock.BackendError, match=r"(?i)ssl"):
         await client.open()

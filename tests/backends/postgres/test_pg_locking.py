@@ -1,18 +1,21 @@
 """Advisory locks: exclusion between the tasks of one client (advisory locks stack per
-session) and between clients, the tokens, one wake-up per release, cancellation, status."""
+session) and between clients, the tokens, one wake-up per release (both strategies),
+cancellation, status."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 
 import pytest
 
 import aiodlock
 from tests.helpers import HANG, ClientFactory, eventually
+from tests.servers import PostgresServer
 
 from .conftest import RawFactory
-from .pg_helpers import backend_of, holders, line
+from .pg_helpers import backend_of, holders, line, take_turns
 
 
 async def test_two_tasks_of_one_client_exclude_each_other(
@@ -40,33 +43,21 @@ async def test_many_tasks_of_one_client_and_another_client_take_turns(
     make_client: ClientFactory, raw: RawFactory
 ) -> None:
     a, b = await make_client(), await make_client()
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(4):
-            async with client.lock("turns", timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    await asyncio.gather(*(worker(c) for c in [a, b] * 4))
-    assert len(tokens) == 32
-    assert tokens == sorted(tokens)
-    assert len(set(tokens)) == 32
+    await take_turns([a, b], "turns", tasks=8, rounds=4)
     assert await holders(await raw(), backend_of(a).key("turns")) == []
 
 
-async def test_one_client_is_woken_per_release(make_client: ClientFactory, raw: RawFactory) -> None:
+@pytest.mark.parametrize("strategy", ["advisory", "table"])
+async def test_one_client_is_woken_per_release(
+    make_client: ClientFactory, raw: RawFactory, postgres_server: PostgresServer, strategy: str
+) -> None:
     conn = await raw()
-    holder = await make_client()
+    url = f"{postgres_server.url}?strategy={strategy}"
+    holder = await make_client(url)
     # (no fallback poll during the test: only NOTIFYs wake)
-    waiters = [await make_client(poll_interval=HANG) for _ in range(4)]
-    other_name = await make_client(poll_interval=HANG)
-    key = backend_of(holder).key("herd")
+    waiters = [await make_client(url, poll_interval=HANG) for _ in range(4)]
+    other_name = await make_client(url, poll_interval=HANG)
+    key = holder.backend.key("herd")  # type: ignore[attr-defined]
     await holder.lock("herd").acquire()
     await other_name.lock("elsewhere").acquire()
     order: list[aiodlock.Client] = []
@@ -82,16 +73,23 @@ async def test_one_client_is_woken_per_release(make_client: ClientFactory, raw: 
     await holder.lock("herd").release()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
     # 4 releases (the holder's, then 3 waiters'): each woke exactly one waiter, in the
-    # order they lined up; nobody else heard a call for them.
-    listeners = [backend_of(c).listener for c in waiters]
+    # order they lined up; nobody else was woken.
+    listeners = [c.backend.listener for c in waiters]  # type: ignore[attr-defined]
     assert [x.woke for x in listeners] == [1, 1, 1, 1]
-    # (and each NOTIFY went to the one client it called: nobody else even heard it)
-    assert [x.heard for x in listeners] == [1, 1, 1, 1]
+    if strategy == "advisory":
+        # (each NOTIFY went to the one client it called: nobody else even heard it)
+        assert [x.heard for x in listeners] == [1, 1, 1, 1]
+    else:
+        # (the waiters turned urgent, into the table's line: every client still waiting
+        # is told who is first, and only that one wakes)
+        assert sum(x.heard for x in listeners) <= 4 + 3 + 2 + 1
     assert len(set(order)) == 4
     assert await line(conn, holder, key) == []
     assert not bystander.done()  # a waiter of another name slept through all of it
-    assert backend_of(other_name).listener.heard == 0
+    assert other_name.backend.listener.heard == 0  # type: ignore[attr-defined]
     bystander.cancel()
+    with contextlib.suppress(asyncio.CancelledError, aiodlock.LockError):
+        await bystander
 
 
 async def _take(client: aiodlock.Client, name: str) -> None:
@@ -235,6 +233,8 @@ async def test_a_called_client_that_leaves_calls_the_next_one(
     # Its unused wake-up goes to the next client in line, which takes the lock at once
     # (its fallback poll is HANG seconds away).
     await asyncio.wait_for(taker, HANG / 3)
+    # (its task may still be leaving the line: the pass-on's answer comes after the NOTIFY)
+    await asyncio.wait([gone], timeout=HANG)
     assert gone.cancelled()
     assert backend_of(second).listener.woke == 1
     assert await line(conn, holder, key) == []

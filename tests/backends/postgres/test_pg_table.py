@@ -1,0 +1,338 @@
+"""``strategy=table``: the lock table on a real PostgreSQL inside one process: exclusion and
+tokens, reentrancy, status, awkward names, FIFO for fair locks woken by NOTIFY (one wake-up
+per release: test_pg_locking.py, both strategies), cancellation at any point, the LISTEN
+session opened again (both strategies)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Sized
+
+import asyncpg
+import pytest
+
+import aiodlock
+from aiodlock._types import Busy, Grant, Request
+from aiodlock.backends.postgres.table import PostgresTableBackend
+from tests.helpers import HANG, ClientFactory, eventually
+from tests.servers import PostgresServer
+
+from .conftest import RawFactory
+from .pg_helpers import take_turns
+
+
+@pytest.fixture
+def lock_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url + "?strategy=table"
+
+
+@pytest.fixture
+async def other(make_client: ClientFactory) -> aiodlock.Client:
+    """A second client of the same server and namespace: another process, in effect."""
+    return await make_client()
+
+
+def table_of(client: aiodlock.Client) -> PostgresTableBackend:
+    backend = client.backend
+    assert isinstance(backend, PostgresTableBackend)
+    return backend
+
+
+async def rows(conn: asyncpg.Connection, namespace: str) -> list[tuple[bytes, str, int]]:
+    """The lock rows of ``namespace``: (name, owner, token)."""
+    found = await conn.fetch(
+        "SELECT name, owner, token FROM aiodlock_locks WHERE namespace = $1 ORDER BY name",
+        namespace,
+    )
+    return [(r["name"], r["owner"], r["token"]) for r in found]
+
+
+async def line(conn: asyncpg.Connection, namespace: str) -> list[str]:
+    """The owners in the line of waiters of ``namespace``, first first."""
+    found = await conn.fetch(
+        "SELECT owner FROM aiodlock_waiters WHERE namespace = $1 ORDER BY id", namespace
+    )
+    return [r["owner"] for r in found]
+
+
+async def listeners(conn: asyncpg.Connection, key: int) -> list[int]:
+    """The LISTEN sessions waiting for ``key``."""
+    found = await conn.fetch("SELECT pid FROM aiodlock_listeners WHERE key = $1", key)
+    return [r["pid"] for r in found]
+
+
+async def test_exclusion_and_strictly_increasing_tokens_across_tasks_and_clients(
+    make_client: ClientFactory, raw: RawFactory, namespace: str
+) -> None:
+    clients = [await make_client(poll_interval=0.05) for _ in range(2)]
+    await take_turns(clients, "shared", tasks=6, rounds=4)
+    conn = await raw()
+    assert await rows(conn, namespace) == []
+    assert await line(conn, namespace) == []
+    assert await listeners(conn, table_of(clients[0]).key("shared")) == []
+
+
+async def test_reentrancy_keeps_one_row_and_one_token(
+    client: aiodlock.Client, raw: RawFactory, namespace: str
+) -> None:
+    conn = await raw()
+    lock = client.lock("re")
+    async with lock as outer:
+        async with lock as inner:
+            assert inner.token == outer.token
+            assert len(await rows(conn, namespace)) == 1
+        assert len(await rows(conn, namespace)) == 1  # still held by the outer level
+    assert await rows(conn, namespace) == []
+
+
+async def test_status_gives_holder_token_and_time_left(
+    client: aiodlock.Client, other: aiodlock.Client
+) -> None:
+    assert await other.status("st") is None
+    async with client.lock("st", ttl=20) as lease:
+        status = await other.status("st")
+        assert status is not None
+        assert (status.owner, status.token) == (lease.owner, lease.token)
+        assert status.expires_in is not None
+        assert 15 < status.expires_in <= 20
+    assert await other.status("st") is None
+
+
+async def test_an_expired_row_is_taken_over_once_with_the_version(client: aiodlock.Client) -> None:
+    backend = table_of(client)
+    first = await backend.try_acquire(Request("job", "a", 0.2), will_wait=False)
+    assert isinstance(first, Grant)
+    assert isinstance(await backend.try_acquire(Request("job", "b", 10), will_wait=False), Busy)
+    await asyncio.sleep(0.3)  # the lease's end on the server's clock (no event to wait on)
+    outcomes = await asyncio.gather(
+        *(backend.try_acquire(Request("job", f"c{i}", 10), will_wait=False) for i in range(4))
+    )
+    winners = [o for o in outcomes if isinstance(o, Grant)]
+    assert len(winners) == 1
+    assert winners[0].token > first.token
+    assert await backend.release(first) is False  # the old holder's release changes nothing
+    status = await backend.status("job")
+    assert status is not None
+    assert status.owner == winners[0].owner
+
+
+async def test_one_of_many_attempts_on_a_free_name_wins(make_client: ClientFactory) -> None:
+    clients = [await make_client() for _ in range(6)]
+    outcomes = await asyncio.gather(
+        *(table_of(c).try_acquire(Request("free", f"o{i}", 10), will_wait=False)
+          for i, c in enumerate(clients))
+    )  # fmt: skip
+    winners = [o for o in outcomes if isinstance(o, Grant)]
+    assert len(winners) == 1
+    status = await clients[0].status("free")
+    assert status is not None
+    assert (status.owner, status.token) == (winners[0].owner, winners[0].token)
+
+
+NAMES = [
+    "Key",
+    "key",  # compared byte for byte: two locks
+    "x'); DELETE FROM aiodlock_locks; --",
+    'quote"d $1 ? %s \\',
+    "nul\0inside",
+    "lone \ud800 surrogate",
+    "\udcff",
+    "🔒" * 512,  # 2048 bytes of UTF-8: the longest a name gets
+]
+
+
+async def test_hostile_names_are_separate_locks_stored_exactly(
+    client: aiodlock.Client, other: aiodlock.Client, raw: RawFactory, namespace: str
+) -> None:
+    leases = [await client.lock(name).acquire(timeout=HANG) for name in NAMES]
+    assert [lease.token for lease in leases] == [1] * len(NAMES)
+    stored = {row[0] for row in await rows(await raw(), namespace)}
+    assert stored == {name.encode("utf-8", "surrogatepass") for name in NAMES}
+    for name, lease in zip(NAMES, leases, strict=True):
+        assert await other.lock(name).try_acquire() is None
+        status = await other.status(name)
+        assert status is not None
+        assert (status.name, status.owner, status.token) == (name, lease.owner, lease.token)
+    for name in NAMES:
+        await client.lock(name).release()
+    assert await rows(await raw(), namespace) == []
+
+
+async def _count(found: Awaitable[Sized], n: int) -> bool:
+    return len(await found) == n
+
+
+async def test_fair_locks_are_granted_in_line_order_woken_by_notify(
+    make_client: ClientFactory, raw: RawFactory, namespace: str
+) -> None:
+    conn = await raw()
+    holder = await make_client()
+    clients = [await make_client(poll_interval=HANG) for _ in range(4)]
+    await holder.lock("fifo").acquire()
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        async with clients[i].lock("fifo", fair=True, timeout=HANG):
+            order.append(i)
+            await asyncio.sleep(0.005)
+
+    tasks = []
+
+    async def lined_up(n: int) -> bool:
+        return len(await line(conn, namespace)) == n
+
+    for i in range(4):
+        tasks.append(asyncio.create_task(wait(i)))
+        await eventually(functools.partial(lined_up, i + 1), what="in line")
+    key = table_of(holder).key("fifo")
+    await eventually(lambda: _count(listeners(conn, key), 4), what="listening")
+    await holder.lock("fifo").release()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert order == [0, 1, 2, 3]
+    assert [table_of(c).listener.woke for c in clients] == [1, 1, 1, 1]
+    assert await line(conn, namespace) == []
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.02])
+async def test_cancellation_at_any_point_leaves_nothing_behind(
+    make_client: ClientFactory, raw: RawFactory, namespace: str, delay: float
+) -> None:
+    conn = await raw()
+    a, blocker = await make_client(), await make_client()
+    await blocker.lock("cancel").acquire()
+    free_too = asyncio.create_task(a.lock("free").acquire())
+    fair = asyncio.create_task(a.lock("cancel", fair=True).acquire(timeout=HANG))
+    plain = asyncio.create_task(a.lock("cancel").acquire(timeout=HANG))
+    await asyncio.sleep(delay)
+    for task in (free_too, fair, plain):
+        task.cancel()
+    await asyncio.gather(free_too, fair, plain, return_exceptions=True)
+    # (a "free" won before the cancellation is released by the core as its task ended)
+    blocker_owner = (await blocker.status("cancel")).owner  # type: ignore[union-attr]
+
+    async def only_the_blocker() -> bool:
+        return [r[1] for r in await rows(conn, namespace)] == [blocker_owner]
+
+    await eventually(only_the_blocker, what="the cancelled acquires left no row")
+    await eventually(lambda: _count(line(conn, namespace), 0), what="no place in line")
+    key = table_of(a).key("cancel")
+    await eventually(lambda: _count(listeners(conn, key), 0), what="no LISTEN place")
+    # The client goes on normally.
+    await blocker.lock("cancel").release()
+    async with a.lock("cancel", timeout=HANG), a.lock("free", timeout=HANG):
+        pass
+
+
+async def test_an_attempt_cut_short_cannot_commit_after_its_clean_up(
+    client: aiodlock.Client, raw: RawFactory, namespace: str
+) -> None:
+    conn = await raw()
+    # Another transaction holds the name's counter row: the attempt waits for it.
+    await conn.execute("BEGIN")
+    await conn.execute(
+        "INSERT INTO aiodlock_counters (namespace, name, token) VALUES ($1, $2, 100)",
+        namespace,
+        b"late",
+    )
+    task = asyncio.create_task(client.lock("late").acquire(timeout=HANG))
+    waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    await eventually(lambda: _count(conn.fetch(waiting), 1), what="the attempt waits")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # (the core's clean-up is done)
+    # The attempt's statement, still waiting on the server when its connection was
+    # dropped, must not go on to commit a row nobody will ever release.
+    await conn.execute("COMMIT")
+    await asyncio.sleep(0.2)
+    assert await rows(conn, namespace) == []
+    async with client.lock("late", timeout=HANG) as lease:
+        assert lease.token == 101
+
+
+@pytest.mark.parametrize("owner", ["nul\0inside", "lone \udcff"])
+async def test_an_owner_that_text_cannot_hold_is_a_clear_error(
+    client: aiodlock.Client, raw: RawFactory, namespace: str, owner: str
+) -> None:
+    with pytest.raises(aiodlock.ConfigurationError, match="owner"):
+        await client.lock("o", owner=owner).acquire(timeout=1)
+    assert await rows(await raw(), namespace) == []
+    async with client.lock("o", owner="fine"):
+        pass
+
+
+async def test_waiters_hold_no_connection_while_they_sleep(make_client: ClientFactory) -> None:
+    holder = await make_client()
+    waiting = await make_client(pool_size=2, poll_interval=0.05)
+    lease = await holder.lock("pool").acquire()
+    done: list[int] = []
+
+    async def wait(i: int) -> None:
+        async with waiting.lock("pool", timeout=HANG):
+            done.append(i)
+
+    tasks = [asyncio.create_task(wait(i)) for i in range(20)]
+    await asyncio.sleep(0.2)
+    # 20 waiters on a pool of 2: a call still gets a connection at once.
+    async with asyncio.timeout(2.0):
+        status = await waiting.status("pool")
+    assert status is not None
+    assert status.owner == lease.owner
+    await holder.lock("pool").release()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+    assert sorted(done) == list(range(20))
+
+
+async def test_a_call_cut_short_discards_its_connection(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    # (a release is not cancelled with its task: it ends at op_timeout, and so is cut short)
+    client = await make_client(op_timeout=0.5)
+    conn = await raw()
+    await client.lock("d", owner="k").acquire()
+    # Another transaction locks the row: the release waits for it, and is cancelled.
+    await conn.execute("BEGIN")
+    await conn.fetch("SELECT 1 FROM aiodlock_locks WHERE name = $1 FOR UPDATE", b"d")
+    task = asyncio.create_task(client.lock("d", owner="k").release())
+    waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    await eventually(lambda: _count(conn.fetch(waiting), 1), what="the release waits")
+    pid = await conn.fetchval(waiting)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, aiodlock.BackendError):
+        await task
+    await conn.execute("ROLLBACK")
+    # That session is never used again: the server ends it (its socket is closed).
+    alive = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1"
+    await eventually(lambda: _zero(conn.fetchval(alive, pid)), what="the session ended")
+    async with client.lock("e", timeout=HANG):
+        pass
+
+
+async def _zero(value: Awaitable[object]) -> bool:
+    return await value == 0
+
+
+@pytest.mark.parametrize("strategy", ["advisory", "table"])
+async def test_the_listen_session_is_opened_again_when_it_dies(
+    make_client: ClientFactory, raw: RawFactory, strategy: str, postgres_server: PostgresServer
+) -> None:
+    url = f"{postgres_server.url}?strategy={strategy}"
+    holder = await make_client(url)
+    waiting = await make_client(url, poll_interval=HANG)  # (no fallback poll: NOTIFY only)
+    ear = waiting.backend.listener  # type: ignore[attr-defined]
+    key = waiting.backend.key("re")  # type: ignore[attr-defined]
+    await holder.lock("re").acquire()
+    task = asyncio.create_task(waiting.lock("re").acquire(timeout=HANG))
+    await eventually(lambda: ear.listening_for(key), what="listening")
+    pid = ear.pid
+    conn = await raw()
+    assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+    # Nobody asks the client for anything: it LISTENs again on its own, and takes its
+    # place in line again.
+    await eventually(lambda: ear.listening_for(key) and ear.pid != pid, what="listening again")
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await holder.lock("re").release()
+    await asyncio.wait_for(task, HANG / 3)
+    assert ear.woke == 1  # (by the NOTIFY the new session heard)
