@@ -7,7 +7,7 @@ already in line, and the release."""
 from __future__ import annotations
 
 from ..._types import Busy
-from .._sql import Behind, Fetch, Granted, LockTable, Script
+from .._sql import Behind, Fetch, Granted, LockTable, Script, micros
 from . import _statements as sql
 from ._dialect import POSTGRES
 
@@ -102,10 +102,6 @@ def release(locks: str, listeners: str, line: str) -> str:
     )
 
 
-def _micros(seconds: float) -> int:
-    return max(1, round(seconds * 1_000_000))
-
-
 class AnnouncingTable(LockTable):
     """The lock table whose releases (and abandons and breaks that freed something) call the
     client whose waiter may take the name now, in the same transaction (a NOTIFY is sent
@@ -121,7 +117,7 @@ class AnnouncingTable(LockTable):
 
     def _call(self, name: str) -> tuple[object, ...]:
         key = sql.lock_key(self.namespace, name)
-        return (key, self._channel, self.namespace, self._key(name))
+        return (key, self._channel, self.namespace, self.key(name))
 
     def _announce(self, name: str) -> Script[None]:
         yield Fetch(self._call_next, self._call(name))
@@ -129,7 +125,7 @@ class AnnouncingTable(LockTable):
     def take_free(self, name: str, owner: str, ttl: float) -> Script[Granted | Busy | None]:
         """ONE statement: :class:`Granted` (a free name), :class:`Busy` (another's live row),
         or None: the full :meth:`attempt` decides."""
-        rows = yield Fetch(self._take_free, (self.namespace, self._key(name), owner, _micros(ttl)))
+        rows = yield Fetch(self._take_free, (self.namespace, self.key(name), owner, micros(ttl)))
         token, held = rows[0]
         if token is not None:
             return Granted(int(token))
@@ -141,7 +137,7 @@ class AnnouncingTable(LockTable):
         """ONE statement, for an owner with a place in line (kept ``queue`` seconds longer):
         :class:`Granted`, :class:`Busy`, :class:`Behind`, or None: the full :meth:`attempt`
         decides (no place yet, an expired row, the owner's own row, a race lost)."""
-        params = (self.namespace, self._key(name), owner, _micros(ttl), _micros(queue))
+        params = (self.namespace, self.key(name), owner, micros(ttl), micros(queue))
         rows = yield Fetch(self._take_in_line, params)
         placed, token, held, head = rows[0]
         if not placed:
