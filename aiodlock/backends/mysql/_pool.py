@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ..._errors import BackendError, translating
 from ..._retry import retrying
 from ..._types import monotonic
-from .._sql import Batch, Script, run_script_async
+from .._sql import Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
 __all__ = ["ConnectionPool", "Run", "is_lost", "is_retryable", "run_on", "translate"]
@@ -81,33 +81,31 @@ class Run:
 
 
 async def run_on(conn: Connection, script: Script[T], *, write: bool, run: Run) -> T:
-    """Run ``script`` on ``conn`` (autocommit; a write one in one transaction, committed
-    even when it reports busy: a waiter's place in line must stay; a :class:`Batch`
-    brings its own transaction)."""
+    """Run ``script`` on ``conn``: a write one in one transaction (committed even when it
+    reports busy: a waiter's place in line must stay), a read one in autocommit (a write in
+    it commits on its own: the fast path's; only its INSERT is safe to run again)."""
 
     async def execute(sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
+        if not write and not sql.startswith("SELECT"):
+            run.committing = True  # (it may commit as soon as it is sent)
+        async with conn.cursor() as cursor:
+            count = await cursor.execute(sql, params)
+            return int(count), list(await cursor.fetchall())
+
+    async def insert(sql: str, params: tuple[Any, ...]) -> int | None:
+        # (an INSERT run twice finds the owner's own row, which the table refreshes)
         async with conn.cursor() as cursor:
             try:
                 count = await cursor.execute(sql, params)
             except driver_errors() as exc:
-                if error_code(exc) == _DUPLICATE_KEY:  # the INSERT of a name just taken
-                    return 0, []
+                if error_code(exc) == _DUPLICATE_KEY:  # the name has a row
+                    return None
                 raise
-            return int(count), list(await cursor.fetchall())
-
-    async def batch(statement: Batch) -> list[tuple[int, list[Any]]]:
-        if not statement.retry_safe:
-            run.committing = True  # (it may commit as soon as it is sent)
-        async with conn.cursor() as cursor:
-            count = await cursor.execute(statement.sql, statement.params)
-            results = [(int(count), list(await cursor.fetchall()))]
-            while await cursor.nextset():
-                results.append((int(cursor.rowcount), list(await cursor.fetchall())))
-            return results
+            return int(cursor.lastrowid) if count == 1 else None
 
     if write:
         await conn.begin()
-    result = await run_script_async(execute, script, batch)
+    result = await run_script_async(execute, script, insert)
     if write:
         run.committing = True
         await conn.commit()

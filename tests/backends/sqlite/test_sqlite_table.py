@@ -17,6 +17,7 @@ from aiodlock.backends._sql import (
     Dialect,
     Granted,
     Held,
+    Insert,
     LockTable,
     Script,
     encode_name,
@@ -48,7 +49,11 @@ async def run_async(conn: sqlite3.Connection, script: Script[Any]) -> Any:
         cursor = conn.execute(sql, params)
         return cursor.rowcount, cursor.fetchall()
 
-    return await run_script_async(execute, script)
+    async def insert(sql: str, params: tuple[Any, ...]) -> int | None:
+        cursor = conn.execute(sql, params)
+        return cursor.lastrowid if cursor.rowcount == 1 else None
+
+    return await run_script_async(execute, script, insert)
 
 
 def test_the_whole_cycle_through_the_blocking_driver(conn: sqlite3.Connection) -> None:
@@ -90,7 +95,7 @@ async def test_the_same_scripts_through_the_async_driver(conn: sqlite3.Connectio
 def test_rows_of_other_namespaces_are_untouched(conn: sqlite3.Connection) -> None:
     a, b = LockTable(SQLITE, "a"), LockTable(SQLITE, "b")
     assert run(conn, a.attempt("n", "x", 10)) == Granted(1)
-    assert run(conn, b.attempt("n", "y", 10)) == Granted(1)
+    assert run(conn, b.attempt("n", "y", 10)) == Granted(2)  # (one sequence of row ids)
     assert run(conn, b.force_release("n")) is True
     held = run(conn, a.status("n"))
     assert isinstance(held, Held)
@@ -112,23 +117,18 @@ class _FormatDialect(Dialect):
     for_update = " FOR UPDATE"
     now_sql = "SELECT server_micros()"
 
-    def create_tables(self, locks: str, counters: str) -> list[str]:
-        return [f"CREATE TABLE {locks} (x)", f"CREATE TABLE {counters} (y)"]
+    def create_tables(self, locks: str) -> list[str]:
+        return [f"CREATE TABLE {locks} (x)"]
 
-    def bump_counter(self, counters: str) -> str:
-        return f"INSERT INTO {counters} VALUES (?, ?, 1) ON DUPLICATE KEY UPDATE token = token + 1"
-
-    def sweep_expired(self, locks: str) -> str:
-        return f"DELETE FROM {locks} WHERE expires_at < ? LIMIT {self.sweep_limit}"
+    def sweep_expired(self, table: str, where: str = "") -> str:
+        return f"DELETE FROM {table} WHERE expires_at < ? {where}LIMIT {self.sweep_limit}"
 
     def create_line(self, line: str) -> list[str]:
         return [f"CREATE TABLE {line} (z)"]
 
 
 def test_a_second_dialect_shapes_every_statement() -> None:
-    table = LockTable(
-        _FormatDialect(), "ns", locks="my_locks", counters="my_counters", line="my_line"
-    )
+    table = LockTable(_FormatDialect(), "ns", locks="my_locks", line="my_line")
     script = table.attempt("n", "a", 1.5)
     first = script.send(None)
     assert first.sql == "SELECT server_micros()"  # the server clock, not the local one
@@ -137,24 +137,21 @@ def test_a_second_dialect_shapes_every_statement() -> None:
     assert "%s" in select.sql
     assert "?" not in select.sql
     assert select.params == ("ns", b"n")
-    bump = script.send([])  # no row: a new grant
-    assert bump.sql.startswith("INSERT INTO my_counters")
-    assert "?" not in bump.sql
-    read = script.send(1)
-    assert read.params == ("ns", b"n")
-    insert = script.send([(7,)])
-    assert insert.params == ("ns", b"n", "a", 7, 2_500_000)
-    sweep = script.send(1)
-    assert sweep.sql == "DELETE FROM my_locks WHERE expires_at < %s LIMIT 64"
-    assert sweep.params == (1_000_000,)
+    head = script.send([])  # no row
+    assert head.sql.startswith("SELECT owner FROM my_line")
+    assert head.params == ("ns", b"n", 1_000_000)
+    insert = script.send([])  # nobody in line: a plain INSERT, nobody waiting
+    assert isinstance(insert, Insert)
+    assert insert.sql.startswith("INSERT INTO my_locks")
+    assert insert.params == ("ns", b"n", "a", 2_500_000, 0)
+    sweep = script.send(7)  # the new row's id: the token
+    assert sweep.sql.startswith("DELETE FROM my_locks WHERE expires_at < %s AND")
+    assert "NOT EXISTS (SELECT 1 FROM my_line" in sweep.sql
+    assert sweep.params == (1_000_000, 1_000_000)
     with pytest.raises(StopIteration) as done:
         script.send(0)
     assert done.value.value == Granted(7)
-    assert table.schema() == [
-        "CREATE TABLE my_locks (x)",
-        "CREATE TABLE my_counters (y)",
-        "CREATE TABLE my_line (z)",
-    ]
+    assert table.schema() == ["CREATE TABLE my_locks (x)", "CREATE TABLE my_line (z)"]
 
 
 def test_table_names_are_checked() -> None:
