@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
@@ -132,25 +132,17 @@ class ConnectionPool:
         self._orphans: list[tuple[int, float]] = []
         self.closed = False
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[tuple[Connection, bool]]:
-        """``(connection, reused)``: reused is True for one that sat idle (it may be dead)."""
-        async with self._slots:
-            if self.closed:
-                raise BackendError("mysql: the client is closed")
-            reused = bool(self._idle)
-            conn = self._idle.pop() if reused else await self._connect()
-            try:
-                yield conn, reused
-            except BaseException as exc:
-                if isinstance(exc, asyncio.CancelledError):  # (what it sent may still run)
-                    self._orphans.append((conn.thread_id(), monotonic()))
-                conn.close()  # its state is unknown: the server rolls back what it had open
-                raise
-            if self.closed or self._is_closed(conn):
-                conn.close()
-            else:
-                self._idle.append(conn)
+    def _give_back(self, conn: Connection, failure: BaseException | None) -> None:
+        """Take back a lent connection: idle again, or closed after a failure (its state is
+        unknown: the server rolls back what it had open) or once closed."""
+        if failure is not None:
+            if isinstance(failure, asyncio.CancelledError):  # (what it sent may still run)
+                self._orphans.append((conn.thread_id(), monotonic()))
+            conn.close()
+        elif self.closed or self._is_closed(conn):
+            conn.close()
+        else:
+            self._idle.append(conn)
 
     async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
         """``fn(connection, run)`` on a lent connection, its errors translated; again (the
@@ -165,8 +157,18 @@ class ConnectionPool:
             run, reused = Run(), False
             try:
                 with translate(what, self._secrets):
-                    async with self.connection() as (conn, reused):
-                        return await fn(conn, run)
+                    async with self._slots:
+                        if self.closed:
+                            raise BackendError("mysql: the client is closed")
+                        reused = bool(self._idle)
+                        conn = self._idle.pop() if reused else await self._connect()
+                        try:
+                            result = await fn(conn, run)
+                        except BaseException as exc:
+                            self._give_back(conn, exc)
+                            raise
+                        self._give_back(conn, None)
+                        return result
             except BackendError as error:
                 cause = error.__cause__
                 stale = reused and cause is not None and is_lost(cause) and not run.committing
@@ -179,6 +181,11 @@ class ConnectionPool:
                 return True
             return error.__cause__ is not None and is_retryable(error.__cause__)
 
+        try:
+            return await attempt()  # (the common case, without the retry loop's frame)
+        except BackendError as error:
+            if not again(error):
+                raise
         return await retrying(attempt, retry_if=again, what=f"mysql {what}", first=0.001, cap=0.05)
 
     async def settle(self, within: float) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from aiodlock._types import Busy
 from aiodlock.backends._sql import (
+    Behind,
     Dialect,
     Granted,
     Held,
@@ -157,3 +158,64 @@ def test_a_second_dialect_shapes_every_statement() -> None:
 def test_table_names_are_checked() -> None:
     with pytest.raises(ValueError, match="table name"):
         LockTable(SQLITE, "ns", locks="locks; DROP TABLE x")
+
+
+def _row(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT owner, token, waiting FROM aiodlock_locks").fetchall()
+
+
+def test_a_line_keeps_the_row_and_the_release_vacates_it(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    first = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(first, Granted)
+    assert _row(conn) == [("a", first.token, 0)]
+    # A waiter that joins the line marks the row: a release must not simply delete it.
+    assert isinstance(run(conn, table.attempt("n", "f", 10, queue=5)), Busy)
+    assert _row(conn) == [("a", first.token, 1)]
+    assert run(conn, table.release("n", "a", first.token)) is True
+    assert [r[0] for r in _row(conn)] == [""]  # vacant: the row stays for the line
+    assert run(conn, table.status("n")) is None  # (a vacant row is free)
+    # Nobody else takes it: the plain INSERT would hit the key; the scripts say who is first.
+    assert run(conn, table.probe("n", "b")) == Busy()
+    assert run(conn, table.attempt("n", "b", 10)) == Behind("f")
+    served = run(conn, table.attempt("n", "f", 10, queue=5))
+    assert isinstance(served, Granted)
+    assert served.token > first.token
+    assert _row(conn) == [("f", served.token, 0)]  # (nobody else in line)
+    assert run(conn, table.release("n", "f", served.token)) is True
+    assert _row(conn) == []
+
+
+def test_a_vacant_row_goes_with_its_last_waiter(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    held = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("n", "f", 10, queue=5)), Busy)
+    assert run(conn, table.release("n", "a", held.token)) is True
+    assert run(conn, table.abandon("n", "f")) is True
+    assert _row(conn) == []
+    # A waiter that died in line: once its place runs out, anyone takes the vacant row over.
+    held = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("n", "dead", 10, queue=5)), Busy)
+    assert run(conn, table.force_release("n")) is True  # (vacated for "dead")
+    assert run(conn, table.attempt("n", "b", 10)) == Behind("dead")
+    conn.execute("UPDATE aiodlock_waiters SET expires_at = 0")
+    taken = run(conn, table.attempt("n", "b", 10))
+    assert isinstance(taken, Granted)
+    assert taken.token > held.token
+
+
+def test_the_sweep_keeps_a_row_whose_line_is_alive(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    held = run(conn, table.attempt("kept", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("kept", "f", 10, queue=60)), Busy)
+    assert run(conn, table.release("kept", "a", held.token)) is True  # (vacant, expired)
+    conn.execute(
+        "INSERT INTO aiodlock_locks (namespace, name, owner, expires_at, version)"
+        " VALUES ('ns', x'64', 'dead', 0, 1)"
+    )
+    assert isinstance(run(conn, table.attempt("other", "b", 10)), Granted)  # (it sweeps)
+    names = {r[0] for r in conn.execute("SELECT name FROM aiodlock_locks")}
+    assert names == {b"kept", b"other"}  # the dead holder's row went, the line's stayed
