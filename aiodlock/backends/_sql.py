@@ -317,6 +317,8 @@ class LockTable:
                     )
                     if changed != 1:  # pragma: no cover - the row changed (weaker isolation)
                         return Busy(None)
+                    if queue is not None:  # (a holder keeps no place in line)
+                        yield Execute(self._leave, (ns, key, owner))
                     return Granted(int(holder_token), refreshed=True)
                 if queue is not None and not waiting:
                     yield from self._keep_row(ns, key, now)
