@@ -1,17 +1,26 @@
-"""The lock-table design shared by the SQL backends (SQLite and MySQL/MariaDB).
+"""The lock-table design shared by the SQL backends (SQLite, MySQL/MariaDB, PostgreSQL).
 
-``aiodlock_locks`` holds one row per HELD name under the unique key (namespace, name):
-the name as UTF-8 bytes (compared byte for byte), the owner, the fencing token, the expiry
-(server time in microseconds) and a version bumped by every write (optimistic take-over).
-``aiodlock_counters`` holds the last token per name ever locked, never deleted or reset.
+``aiodlock_locks`` holds one row per name under the unique key (namespace, name): the name
+as bytes (compared byte for byte), the owner, the fencing token (the row's own
+auto-increment id: a new row, a new and larger token), the expiry (server time in
+microseconds), a version bumped by every write (optimistic take-over) and ``waiting``, set
+while a line of waiters may exist.  A row is *held* (an owner, live), *expired*, or
+*vacant* (owner ``''``: released to the first in line).  ``aiodlock_waiters`` is the line
+of waiters (fair and urgent ones), oldest first.
 
-Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` statements
-that returns the outcome), run on ``sqlite3`` in a worker thread (:func:`run_script`) or on an
-async driver (:func:`run_script_async`).  *Write* scripts run in one transaction that
-serialises writers of the row (SQLite ``BEGIN IMMEDIATE``; InnoDB ``FOR UPDATE``), *read*
-scripts outside any.  A dialect that sends several statements at once also gets the
-one-round-trip fast path of :mod:`aiodlock.backends._sql_fast` (a :class:`Batch` brings its
-own transaction).
+The rule that keeps the line without a guard on the plain INSERT: **while the line has a
+live waiter, the name's row exists** (held or vacant) with ``waiting = 1``.  So a plain
+INSERT of a name with a line hits the duplicate key and falls back to the scripts, which
+respect the head of the line; and a release that may leave a line behind (``waiting = 1``)
+goes to the scripts too, which VACATE the row for the head instead of deleting it.
+
+Every operation is a *script* (a generator of :class:`Fetch` / :class:`Execute` /
+:class:`Insert` statements that returns the outcome), run on ``sqlite3`` in a worker thread
+(:func:`run_script`) or on an async driver (:func:`run_script_async`).  *Write* scripts run
+in one transaction that serialises writers of the row (SQLite ``BEGIN IMMEDIATE``;
+``FOR UPDATE`` elsewhere), *read* scripts outside any.  A dialect with a server clock
+expression also gets the fast path of :mod:`aiodlock.backends._sql_fast` (one INSERT to
+take a free name, one DELETE to release it, each its own transaction).
 """
 
 from __future__ import annotations
@@ -26,13 +35,13 @@ from typing import Any, Protocol, TypeVar
 from .._types import Busy
 
 __all__ = [
-    "Batch",
     "Behind",
     "Dialect",
     "Execute",
     "Fetch",
     "Granted",
     "Held",
+    "Insert",
     "LockTable",
     "Script",
     "encode_name",
@@ -42,6 +51,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: The owner of a vacant row (an owner is never empty).
+VACANT = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,18 +73,15 @@ class Execute:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Batch:
-    """Several statements (``;``-separated) sent in ONE round trip, where the dialect can
-    (:attr:`Dialect.batches`); the script receives ``[(rowcount, rows), ...]``, one per
-    statement.  ``retry_safe``: running it twice is harmless (a lost reply may be retried on
-    another connection even if the server ran it)."""
+class Insert:
+    """The INSERT of a lock row; the script receives its token (the new row's id), or
+    ``None`` when the name already has a row (the duplicate key)."""
 
     sql: str
     params: tuple[Any, ...]
-    retry_safe: bool = False
 
 
-Statement = Fetch | Execute | Batch
+Statement = Fetch | Execute | Insert
 #: A generator that yields statements, receives their results and returns an outcome.
 Script = Generator[Statement, Any, T]
 
@@ -126,49 +135,30 @@ class Dialect:
     #: ``None`` to use the local wall clock (:func:`time.time`).
     now_sql: str | None = None
     #: The server clock as an SQL expression (integer microseconds), for statements that
-    #: read it inline; ``None``: the dialect has none (the local clock is used).
+    #: read it inline (the fast path needs it); ``None``: the dialect has none.
     now_expr: str | None = None
-    #: Several statements can go in one round trip (:class:`Batch`): the table's fast path
-    #: (:mod:`aiodlock.backends._sql_fast`) is available.
-    batches: bool = False
-    #: The statement that opens a write transaction inside a :class:`Batch`.
-    begin_sql: str = "BEGIN"
     #: How many expired rows one grant deletes at most (keeps every write short).
     sweep_limit: int = 64
     #: The SQL expression a name's parameter stands in (e.g. ``"UNHEX(?)"``).
     name_sql: str = "?"
-    #: Appended to the INSERT of a lock row (e.g. ``" ON CONFLICT DO NOTHING"``, where a
-    #: duplicate key would abort the transaction: the script sees 0 rows inserted instead).
+    #: Appended to the INSERT of a lock row: where a duplicate key would abort the
+    #: transaction, ``" ON CONFLICT DO NOTHING"`` (0 rows inserted instead); and where the
+    #: driver does not report the new id, ``" RETURNING token"``.
     insert_suffix: str = ""
 
     def name_param(self, key: bytes) -> Any:
         """The parameter sent for a name's stored bytes (``name_sql`` turns it back)."""
         return key
 
-    def create_tables(self, locks: str, counters: str) -> list[str]:
-        """Idempotent DDL for both tables and the expiry index."""
+    def create_tables(self, locks: str) -> list[str]:
+        """Idempotent DDL of the lock table (``token``: an id that never repeats, even
+        after the row is deleted) and its expiry index."""
         raise NotImplementedError
 
-    def bump_counter(self, counters: str) -> str:
-        """Insert ``(namespace, name, 1)`` or add 1 to the row's token; params (ns, name)
-        (the name's placeholder written as :attr:`name_sql`)."""
-        raise NotImplementedError
-
-    def insert_select(self, table: str, columns: str, select: str, on_duplicate: str) -> str:
-        """``INSERT INTO table (columns) select`` that, on a duplicate key, applies the
-        assignments ``on_duplicate`` (columns written ``table.column``) to the row there
-        (only a dialect with :attr:`batches` needs it)."""
-        raise NotImplementedError
-
-    def bump_if_inserted(self, counters: str) -> tuple[str, str]:
-        """For a :class:`Batch`: a statement that adds 1 to the counter of ``(namespace,
-        name)`` (params (ns, name); a missing row starts at 1) only if the statement just
-        before it inserted a row, and an expression that reads the new value later in the
-        same batch (only a dialect with :attr:`batches` needs it)."""
-        raise NotImplementedError
-
-    def sweep_expired(self, locks: str) -> str:
-        """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?``; params (now,)."""
+    def sweep_expired(self, table: str, where: str = "") -> str:
+        """Delete at most :attr:`sweep_limit` rows with ``expires_at < ?`` (and the extra
+        condition ``where``, written ``AND ...``, whose columns are written ``table.column``);
+        params (now, then those of ``where``)."""
         raise NotImplementedError
 
     def create_line(self, line: str) -> list[str]:
@@ -185,15 +175,19 @@ class LockTable:
 
     Invariants the scripts keep (the unique key does the rest):
 
-    * a token is taken from the name's counter row in the SAME transaction as the grant,
-      so a grant and its token commit or vanish together, and the counter (never reset,
-      never deleted) makes tokens strictly increase across processes and restarts;
-    * an EXPIRED row is taken over with ``UPDATE ... WHERE version = ?``: if anybody
-      wrote the row since we read it, nothing changes and the attempt reports busy;
+    * a token is the id of a NEW row (its auto-increment), so a grant and its token commit
+      or vanish together, and tokens strictly increase per name across processes and
+      restarts (the id is never reused);
+    * an expired or vacant row is taken over with ``DELETE ... WHERE version = ?`` and an
+      INSERT (a new id) in one transaction: if anybody wrote the row since we read it,
+      nothing changes and the attempt reports busy;
+    * while the line has a live waiter, the row exists with ``waiting = 1`` (a waiter that
+      joins marks it, or inserts a vacant one); a release with ``waiting = 1`` and a live
+      line VACATES the row, and only the first in line takes a vacant or expired row;
     * an attempt by the row's own owner on a live row is idempotent: same token, new
       expiry (a retried attempt whose reply was lost must not count twice);
-    * an expired row counts as free everywhere: it is never renewed, it is not reported
-      by :meth:`status`, and releasing it reports ``False``.
+    * an expired or vacant row counts as free everywhere: it is never renewed, it is not
+      reported by :meth:`status`, and releasing it reports ``False``.
     """
 
     def __init__(
@@ -202,31 +196,32 @@ class LockTable:
         namespace: str,
         *,
         locks: str = "aiodlock_locks",
-        counters: str = "aiodlock_counters",
         line: str = "aiodlock_waiters",
     ) -> None:
-        for table in (locks, counters, line):
+        for table in (locks, line):
             if not _IDENT.match(table):
                 raise ValueError(f"bad SQL table name {table!r}")
         self.dialect = dialect
         self.namespace = namespace
         self.locks = locks
-        self.counters = counters
         self.line = line
         q = self.render
-        cols = "owner, token, expires_at, version"
+        cols = "owner, token, expires_at, version, waiting"
         n = dialect.name_sql
         key = f"namespace = ? AND name = {n}"
         self._select = q(f"SELECT {cols} FROM {locks} WHERE {key}")
         self._select_for_update = q(f"SELECT {cols} FROM {locks} WHERE {key}{dialect.for_update}")
         self._insert = q(
-            f"INSERT INTO {locks} (namespace, name, owner, token, expires_at, version) "
-            f"VALUES (?, {n}, ?, ?, ?, 1){dialect.insert_suffix}"
+            f"INSERT INTO {locks} (namespace, name, owner, expires_at, version, waiting) "
+            f"VALUES (?, {n}, ?, ?, 1, ?){dialect.insert_suffix}"
         )
-        self._take_over = q(
-            f"UPDATE {locks} SET owner = ?, token = ?, expires_at = ?, version = version + 1 "
+        self._delete_version = q(f"DELETE FROM {locks} WHERE {key} AND version = ?")
+        self._vacate = q(
+            f"UPDATE {locks} SET owner = '', expires_at = ?, version = version + 1, waiting = 1 "
             f"WHERE {key} AND version = ?"
         )
+        # (the version too: so that it changes the row, and reports it, even when set)
+        self._mark = q(f"UPDATE {locks} SET waiting = 1, version = version + 1 WHERE {key}")
         self._refresh = q(
             f"UPDATE {locks} SET expires_at = ?, version = version + 1 "
             f"WHERE {key} AND owner = ? AND token = ? AND version = ?"
@@ -235,16 +230,22 @@ class LockTable:
             f"UPDATE {locks} SET expires_at = ?, version = version + 1 "
             f"WHERE {key} AND owner = ? AND token = ? AND expires_at > ?"
         )
-        self._delete_held = q(f"DELETE FROM {locks} WHERE {key} AND owner = ? AND token = ?")
-        self._delete_owner = q(f"DELETE FROM {locks} WHERE {key} AND owner = ?")
-        self._delete_live = q(f"DELETE FROM {locks} WHERE {key} AND expires_at > ?")
-        self._delete_any = q(f"DELETE FROM {locks} WHERE {key}")
-        self._bump = q(dialect.bump_counter(counters))
-        self._read_counter = q(f"SELECT token FROM {counters} WHERE {key}")
-        self._sweep = q(dialect.sweep_expired(locks))
+        live_line = (
+            f"SELECT 1 FROM {line} w WHERE w.namespace = {locks}.namespace"
+            f" AND w.name = {locks}.name AND w.expires_at > ?"
+        )
+        # (an expired row is kept while its line is alive: the line's invariant)
+        #: The sweep of expired rows, ``?`` placeholders unrendered; params (now, now).
+        self.sweep_sql = dialect.sweep_expired(
+            locks, f"AND ({locks}.waiting = 0 OR NOT EXISTS ({live_line}))"
+        )
+        self._sweep = q(self.sweep_sql)
         self._now = q(dialect.now_sql) if dialect.now_sql else None
         self._head = q(
             f"SELECT owner FROM {line} WHERE {key} AND expires_at > ? ORDER BY id LIMIT 1"
+        )
+        self._others = q(
+            f"SELECT 1 FROM {line} WHERE {key} AND owner <> ? AND expires_at > ? LIMIT 1"
         )
         self._join = q(
             f"INSERT INTO {line} (namespace, name, owner, expires_at) VALUES (?, {n}, ?, ?)"
@@ -264,8 +265,7 @@ class LockTable:
 
     def schema(self) -> list[str]:
         """The DDL (idempotent: ``CREATE ... IF NOT EXISTS``)."""
-        ddl = [*self.dialect.create_tables(self.locks, self.counters)]
-        ddl += self.dialect.create_line(self.line)
+        ddl = [*self.dialect.create_tables(self.locks), *self.dialect.create_line(self.line)]
         return [self.render(s) for s in ddl]
 
     def now(self) -> Script[int]:
@@ -279,19 +279,13 @@ class LockTable:
         """The parameter that stands for ``name`` (see :attr:`Dialect.name_sql`)."""
         return self.dialect.name_param(encode_name(name))
 
-    def _next_token(self, key: Any) -> Script[int]:
-        yield Execute(self._bump, (self.namespace, key))
-        rows = yield Fetch(self._read_counter, (self.namespace, key))
-        return int(rows[0][0])
-
     def probe(self, name: str, owner: str) -> Script[Busy | None]:
-        """READ: ``Busy`` when a live row of another owner holds ``name``, else ``None`` (a
-        poll that costs no write lock; only ``None`` is worth an :meth:`attempt`)."""
+        """READ: ``Busy`` when a live row of another owner holds ``name``, or another owner
+        is first in line; else ``None`` (only ``None`` is worth an :meth:`attempt`)."""
         now = yield from self.now()
         held = yield from self._held_at(name, now)
         if held is not None:
             return Busy(held.expires_in) if held.owner != owner else None
-        # Nobody barges past the line: a free name with waiters in line is theirs.
         head = yield Fetch(self._head, (self.namespace, self.key(name), now))
         return Busy() if head and head[0][0] != owner else None
 
@@ -301,49 +295,68 @@ class LockTable:
         """WRITE: one atomic attempt to take ``name`` for ``owner`` for ``ttl`` seconds.
 
         ``queue``: the owner takes (or keeps) a place in the line of waiters for ``queue``
-        seconds (a fair or urgent waiter; only the first live one in line may take a free
-        name, and it leaves the line when it does); ``None``: a plain attempt (the
-        :meth:`probe` before it keeps it from barging past the line).
+        seconds (a fair or urgent waiter; it leaves the line when it takes the name);
+        ``None``: a plain attempt.  Either way only the first live waiter in line, if there
+        is one, may take a free (absent, vacant or expired) row.
         """
         ns, key = self.namespace, self.key(name)
         now = yield from self.now()
-        expires_at = now + micros(ttl)
         if queue is not None:
             stay = now + micros(queue)
             placed = yield Execute(self._stay, (stay, ns, key, owner))
             if not placed:
                 yield Execute(self._join, (ns, key, owner, stay))
         rows = yield Fetch(self._select_for_update, (ns, key))
+        waiting = bool(rows and rows[0][4])
         if rows:
-            holder, holder_token, holder_expires, version = rows[0]
-            if holder_expires > now:
-                if holder != owner:
-                    return Busy((holder_expires - now) / 1e6)
-                changed = yield Execute(
-                    self._refresh, (expires_at, ns, key, owner, holder_token, version)
-                )
-                if changed != 1:  # pragma: no cover - the row changed under a weaker isolation
-                    return Busy(None)
-                return Granted(int(holder_token), refreshed=True)
-        # Free, or expired (even if it was ours: a new holding after a gap gets a new token).
-        if queue is not None:
-            head = yield Fetch(self._head, (ns, key, now))
-            if head and head[0][0] != owner:
-                return Behind(str(head[0][0]))
-        token = yield from self._next_token(key)
+            holder, holder_token, holder_expires, version, _ = rows[0]
+            if holder != VACANT and holder_expires > now:
+                if holder == owner:
+                    changed = yield Execute(
+                        self._refresh, (now + micros(ttl), ns, key, owner, holder_token, version)
+                    )
+                    if changed != 1:  # pragma: no cover - the row changed (weaker isolation)
+                        return Busy(None)
+                    if queue is not None:  # (a holder keeps no place in line)
+                        yield Execute(self._leave, (ns, key, owner))
+                    return Granted(int(holder_token), refreshed=True)
+                if queue is not None and not waiting:
+                    yield from self._keep_row(ns, key, now)
+                return Busy((holder_expires - now) / 1e6)
+        # Free: no row, a vacant one, or an expired one (a new holding gets a new token).
+        head = yield Fetch(self._head, (ns, key, now))
+        if head and head[0][0] != owner:
+            if not waiting:
+                yield from self._keep_row(ns, key, now)
+            return Behind(str(head[0][0]))
         if rows:
-            changed = yield Execute(self._take_over, (owner, token, expires_at, ns, key, version))
-        else:
-            changed = yield Execute(self._insert, (ns, key, owner, token, expires_at))
-        if changed != 1:  # pragma: no cover - another won the take-over (or INSERT IGNORE)
+            changed = yield Execute(self._delete_version, (ns, key, rows[0][3]))
+            if changed != 1:  # pragma: no cover - another won the take-over
+                return Busy(None)
+        others = (yield Fetch(self._others, (ns, key, owner, now))) if head else []
+        token = yield Insert(self._insert, (ns, key, owner, now + micros(ttl), int(bool(others))))
+        if token is None:  # inserted by another meanwhile (no row was locked to wait on)
+            if queue is not None:
+                yield from self._keep_row(ns, key, now)
             return Busy(None)
         if queue is not None:
             yield Execute(self._leave, (ns, key, owner))
             yield Execute(self._sweep_line, (now,))  # (waiters that died without leaving)
         # Rows of dead holders are taken over by the next attempt on their name; this keeps
         # the table from filling up with names nobody asks for again.
-        yield Execute(self._sweep, (now,))
-        return Granted(token)
+        yield Execute(self._sweep, (now, now))
+        return Granted(int(token))
+
+    def _keep_row(self, ns: str, key: Any, now: int) -> Script[None]:
+        """The line's invariant: the name's row exists with ``waiting = 1`` (marked, or a
+        vacant one inserted, whichever the row's state allows; at most a few rounds)."""
+        for _ in range(3):
+            marked = yield Execute(self._mark, (ns, key))
+            if marked:
+                return
+            token = yield Insert(self._insert, (ns, key, VACANT, now, 1))
+            if token is not None:
+                return
 
     def renew(self, items: Sequence[tuple[str, str, int]], ttl: float) -> Script[list[bool]]:
         """WRITE: extend every live ``(name, owner, token)`` to now + ``ttl``; True per renewal."""
@@ -358,17 +371,24 @@ class LockTable:
         return results
 
     def release(self, name: str, owner: str, token: int) -> Script[bool]:
-        """WRITE: compare-and-delete; True if the row was ours AND still live."""
-        ns, key = self.namespace, self.key(name)
+        """WRITE: compare-and-free (vacated for the line, else deleted); True if the row was
+        ours AND still live."""
         now = yield from self.now()
-        rows = yield Fetch(self._select_for_update, (ns, key))
-        if not rows:
+        rows = yield Fetch(self._select_for_update, (self.namespace, self.key(name)))
+        if not rows or rows[0][0] != owner or rows[0][1] != token:
             return False
-        holder, holder_token, holder_expires, _version = rows[0]
-        if holder != owner or holder_token != token:
-            return False
-        yield Execute(self._delete_held, (ns, key, owner, token))
-        return bool(holder_expires > now)
+        yield from self._free(name, owner, now, rows[0][3])
+        return bool(rows[0][2] > now)
+
+    def _free(self, name: str, owner: str, now: int, version: int) -> Script[None]:
+        """Free the row read with ``version``: VACATE it while the line has a live waiter
+        other than ``owner`` (only the head may take it), else delete it."""
+        ns, key = self.namespace, self.key(name)
+        others = yield Fetch(self._others, (ns, key, owner, now))
+        if others:
+            yield Execute(self._vacate, (now, ns, key, version))
+        else:
+            yield Execute(self._delete_version, (ns, key, version))
 
     def left_nothing(self, name: str, owner: str) -> Script[bool | None]:
         """READ: ``False`` when ``owner`` has no row for ``name`` (nothing to abandon), else
@@ -381,23 +401,34 @@ class LockTable:
         return None if placed else False
 
     def abandon(self, name: str, owner: str) -> Script[bool]:
-        """WRITE: delete ``name``'s row if ``owner`` holds it (any token), and its place in
-        line; True if the row or the place was deleted (the next waiter may go)."""
-        ns, key = self.namespace, self.key(name)
-        deleted = yield Execute(self._delete_owner, (ns, key, owner))
-        left = yield Execute(self._leave, (ns, key, owner))
-        return bool(deleted or left)
-
-    def force_release(self, name: str) -> Script[bool]:
-        """WRITE: delete ``name``'s row whoever holds it; True if a LIVE row was deleted."""
+        """WRITE: free ``name``'s row if ``owner`` holds it (any token), and leave the line;
+        a free row that no live waiter is left for goes too.  True if anything was freed or
+        left (the next waiter may go)."""
         ns, key = self.namespace, self.key(name)
         now = yield from self.now()
-        live = yield Execute(self._delete_live, (ns, key, now))
-        yield Execute(self._delete_any, (ns, key))
-        return bool(live)
+        left = yield Execute(self._leave, (ns, key, owner))
+        rows = yield Fetch(self._select_for_update, (ns, key))
+        if not rows:
+            return bool(left)
+        holder, _token, expires_at, version, _ = rows[0]
+        if holder == owner or (left and (holder == VACANT or expires_at <= now)):
+            yield from self._free(name, owner, now, version)
+            return True
+        return bool(left)
+
+    def force_release(self, name: str) -> Script[bool]:
+        """WRITE: free ``name``'s row whoever holds it (vacated for a live line, else
+        deleted); True if it was a LIVE holder's."""
+        now = yield from self.now()
+        rows = yield Fetch(self._select_for_update, (self.namespace, self.key(name)))
+        if not rows:
+            return False
+        holder, _token, expires_at, version, _ = rows[0]
+        yield from self._free(name, VACANT, now, version)
+        return bool(holder != VACANT and expires_at > now)
 
     def status(self, name: str) -> Script[Held | None]:
-        """READ: the live holder of ``name`` or ``None`` (an expired row counts as free)."""
+        """READ: the live holder of ``name`` or ``None`` (expired or vacant: free)."""
         now = yield from self.now()
         return (yield from self._held_at(name, now))
 
@@ -405,8 +436,8 @@ class LockTable:
         rows = yield Fetch(self._select, (self.namespace, self.key(name)))
         if not rows:
             return None
-        owner, token, expires_at, _version = rows[0]
-        if expires_at <= now:
+        owner, token, expires_at, _version, _waiting = rows[0]
+        if owner == VACANT or expires_at <= now:
             return None
         return Held(str(owner), int(token), (expires_at - now) / 1e6)
 
@@ -414,6 +445,9 @@ class LockTable:
 class _SyncCursor(Protocol):
     @property
     def rowcount(self) -> int: ...
+
+    @property
+    def lastrowid(self) -> int | None: ...
 
     def fetchall(self) -> list[Any]: ...
 
@@ -427,13 +461,18 @@ def _advance(script: Script[T], result: Any) -> tuple[Statement | None, T | None
 
 
 def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: Script[T]) -> T:
-    """Drive ``script`` on a DB-API style ``execute(sql, params) -> cursor`` (blocking)."""
+    """Drive ``script`` on a DB-API style ``execute(sql, params) -> cursor`` (blocking; an
+    :class:`Insert` must not raise on a duplicate key: ``ON CONFLICT DO NOTHING``)."""
     statement, value = _advance(script, None)
     while statement is not None:
-        if isinstance(statement, Batch):
-            raise TypeError("this driver cannot run a Batch")
         cursor = execute(statement.sql, statement.params)
-        fetched = cursor.fetchall() if isinstance(statement, Fetch) else cursor.rowcount
+        fetched: Any
+        if isinstance(statement, Fetch):
+            fetched = cursor.fetchall()
+        elif isinstance(statement, Insert):
+            fetched = cursor.lastrowid if cursor.rowcount == 1 else None
+        else:
+            fetched = cursor.rowcount
         statement, value = _advance(script, fetched)
     return value  # type: ignore[return-value]
 
@@ -441,19 +480,21 @@ def run_script(execute: Callable[[str, tuple[Any, ...]], _SyncCursor], script: S
 async def run_script_async(
     execute: Callable[[str, tuple[Any, ...]], Awaitable[tuple[int, list[Any]]]],
     script: Script[T],
-    batch: Callable[[Batch], Awaitable[list[tuple[int, list[Any]]]]] | None = None,
+    insert: Callable[[str, tuple[Any, ...]], Awaitable[int | None]] | None = None,
 ) -> T:
-    """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)`` (and, for
-    a :class:`Batch`, ``batch(statement) -> [(rowcount, rows), ...]``)."""
+    """Drive ``script`` on an async ``execute(sql, params) -> (rowcount, rows)``; an
+    :class:`Insert` runs on ``insert(sql, params) -> token | None`` if given, else on
+    ``execute``, its SQL returning the token (``RETURNING token``)."""
     statement, value = _advance(script, None)
     while statement is not None:
         result: Any
-        if isinstance(statement, Batch):
-            if batch is None:
-                raise TypeError("this driver cannot run a Batch")
-            result = await batch(statement)
+        if isinstance(statement, Insert) and insert is not None:
+            result = await insert(statement.sql, statement.params)
         else:
             rowcount, rows = await execute(statement.sql, statement.params)
-            result = rows if isinstance(statement, Fetch) else rowcount
+            if isinstance(statement, Insert):
+                result = int(rows[0][0]) if rows else None
+            else:
+                result = rows if isinstance(statement, Fetch) else rowcount
         statement, value = _advance(script, result)
     return value  # type: ignore[return-value]

@@ -5,9 +5,9 @@ contract onto them.  A SQL backend adds only its connection: :meth:`LockTableBac
 which runs a READ script outside any write transaction and then, only if the read did not
 answer (returned ``None``), a WRITE script in one transaction.  A poll that finds a live
 holder, or a clean-up that finds nothing, so costs no write lock.  Where the table has a
-fast path (:mod:`aiodlock.backends._sql_fast`: a dialect that sends batches), an attempt
-that is not in the line of waiters, and every release, try it first: one round trip, with
-its own transaction; the scripts decide what it leaves to them.
+fast path (:mod:`aiodlock.backends._sql_fast`: one INSERT, one DELETE), an attempt that is
+not in the line of waiters, and every release, try it first (one statement, its own
+transaction); the scripts decide what it leaves to them.
 
 A waiter polls with capped, jittered backoff (nothing tells another process that a row
 went); a release in THIS process wakes a local waiter at once through the wake-up board that
@@ -86,8 +86,8 @@ class LockTableBackend(PollingBackend):
     abandon_reads_first: ClassVar[bool] = True
 
     table: LockTable
-    #: The table's one-round-trip attempt and release, where the dialect sends batches
-    #: (its scripts run as READ ones: a batch brings its own transaction).
+    #: The table's one-statement attempt and release (its scripts run as READ ones: each
+    #: statement is its own transaction), where the backend uses it.
     fast_path: FastPath | None = None
 
     @abc.abstractmethod
@@ -117,7 +117,7 @@ class LockTableBackend(PollingBackend):
             )
         else:
             if fast is not None:
-                # The common case in one round trip; the scripts below decide the rest.
+                # The common case in one statement; the scripts below decide the rest.
                 outcome = await self._read("acquire", lambda: fast.grab(name, owner, ttl))
             if outcome is None:
                 outcome = await self._run(
@@ -147,10 +147,11 @@ class LockTableBackend(PollingBackend):
     async def release(self, grant: Grant) -> bool:
         name, owner, token = grant.name, grant.owner, grant.token
         fast = self.fast_path
-        if fast is not None:
-            released = await self._read("release", lambda: fast.drop(name, owner, token))
-        else:
-            released = await self._write("release", lambda: self.table.release(name, owner, token))
+        released: bool = await self._run(
+            "release",
+            None if fast is None else (lambda: fast.drop(name, owner, token)),
+            lambda: self.table.release(name, owner, token),
+        )
         self._wake_one(grant.name)  # even if the row had expired: the name is free now
         return released
 

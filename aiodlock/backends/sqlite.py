@@ -52,22 +52,23 @@ class SQLiteDialect(Dialect):
     for_update = ""  # BEGIN IMMEDIATE already holds the database's single write lock
     now_sql = None  # every process on the file shares the host's wall clock
 
-    def create_tables(self, locks: str, counters: str) -> list[str]:
+    # (a duplicate key would abort nothing here, but raise: 0 rows inserted instead)
+    insert_suffix = " ON CONFLICT DO NOTHING"
+
+    def create_tables(self, locks: str) -> list[str]:
+        # (AUTOINCREMENT: an id is never reused, even the largest one after its row goes:
+        # sqlite_sequence keeps the last one)
         return [
             f"CREATE TABLE IF NOT EXISTS {locks} ("
+            " token INTEGER PRIMARY KEY AUTOINCREMENT,"
             " namespace TEXT NOT NULL,"
             " name BLOB NOT NULL,"
             " owner TEXT NOT NULL,"
-            " token INTEGER NOT NULL,"
             " expires_at INTEGER NOT NULL,"
             " version INTEGER NOT NULL,"
-            " PRIMARY KEY (namespace, name))",
+            " waiting INTEGER NOT NULL DEFAULT 0,"
+            " UNIQUE (namespace, name))",
             f"CREATE INDEX IF NOT EXISTS {locks}_expiry ON {locks} (expires_at)",
-            f"CREATE TABLE IF NOT EXISTS {counters} ("
-            " namespace TEXT NOT NULL,"
-            " name BLOB NOT NULL,"
-            " token INTEGER NOT NULL,"
-            " PRIMARY KEY (namespace, name))",
         ]
 
     def create_line(self, line: str) -> list[str]:
@@ -82,17 +83,11 @@ class SQLiteDialect(Dialect):
             f"CREATE INDEX IF NOT EXISTS {line}_expiry ON {line} (expires_at)",
         ]
 
-    def bump_counter(self, counters: str) -> str:
-        return (
-            f"INSERT INTO {counters} (namespace, name, token) VALUES (?, ?, 1) "
-            f"ON CONFLICT (namespace, name) DO UPDATE SET token = token + 1"
-        )
-
-    def sweep_expired(self, locks: str) -> str:
+    def sweep_expired(self, table: str, where: str = "") -> str:
         # DELETE ... LIMIT needs a compile-time option; go through the rowid instead.
         return (
-            f"DELETE FROM {locks} WHERE rowid IN "
-            f"(SELECT rowid FROM {locks} WHERE expires_at < ? LIMIT {int(self.sweep_limit)})"
+            f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table}"
+            f" WHERE expires_at < ? {where} LIMIT {int(self.sweep_limit)})"
         )
 
 

@@ -3,8 +3,8 @@
 
 Both have the same shape (PyMySQL's): ``connect(...)`` in autocommit, ``conn.cursor()``,
 ``begin`` / ``commit`` / ``rollback``, ``cursor.execute`` with ``%s`` parameters that the
-driver escapes, ``nextset`` for the results of a multi-statement query, and errors whose
-``args`` are ``(code, message)``.  What differs is here: how a connection is opened, the
+driver escapes, ``lastrowid`` (the id an INSERT made), and errors whose ``args`` are
+``(code, message)``.  What differs is here: how a connection is opened, the
 driver's base error class, and how a closed connection shows.  Everything else is shared.
 """
 
@@ -38,7 +38,7 @@ class Driver:
 
     name: str
     #: ``connect(host=, port=, user=, password=, database=, connect_timeout=)``: a new
-    #: connection in autocommit mode that accepts multi-statement queries.
+    #: connection in autocommit mode.
     connect: Callable[..., Awaitable[Connection]]
     #: The driver's base error (``args``: ``(code, message)``).
     error: type[Exception]
@@ -55,7 +55,6 @@ def _aiomysql() -> Driver:
             db=database,
             charset="utf8mb4",
             autocommit=True,
-            client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS,
             **kwargs,
         )
 
@@ -64,14 +63,12 @@ def _aiomysql() -> Driver:
 
 def _asyncmy() -> Driver:
     import asyncmy
-    import asyncmy.constants.CLIENT
     import asyncmy.errors
 
     async def connect(**kwargs: Any) -> Connection:
         return await asyncmy.connect(
             charset="utf8mb4",
             autocommit=True,
-            client_flag=asyncmy.constants.CLIENT.MULTI_STATEMENTS,
             **kwargs,
         )
 

@@ -1,6 +1,7 @@
 """What the session-bound strategies (``named``, ``row``) share: the holders table, which
 says who holds a name and on which server session (for ``status``; believed only while that
-session holds the lock), and tokens from the lock table's counter table (never reset)."""
+session holds the lock), and tokens from the counter table (one row per name, never reset;
+the table strategy has none: its tokens are its rows' own ids)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ _RECORD = (
 )
 
 
-def holders_ddl() -> str:
-    return (
+def holders_ddl() -> list[str]:
+    """The holders table and the counter table."""
+    holders = (
         f"CREATE TABLE IF NOT EXISTS {HOLDERS} ("
         " namespace VARBINARY(64) NOT NULL,"
         " name VARBINARY(2048) NOT NULL,"
@@ -32,6 +34,15 @@ def holders_ddl() -> str:
         " PRIMARY KEY (namespace, name)"
         ") ENGINE=InnoDB"
     )
+    counters = (
+        f"CREATE TABLE IF NOT EXISTS {COUNTERS} ("
+        " namespace VARBINARY(64) NOT NULL,"
+        " name VARBINARY(2048) NOT NULL,"
+        " token BIGINT NOT NULL,"
+        " PRIMARY KEY (namespace, name)"
+        ") ENGINE=InnoDB"
+    )
+    return [holders, counters]
 
 
 async def next_token(cursor: Cursor, namespace: str, key: str) -> int:

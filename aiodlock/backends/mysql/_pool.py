@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
 from ..._retry import retrying
 from ..._types import monotonic
-from .._sql import Batch, Script, run_script_async
+from .._sql import Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
 __all__ = ["ConnectionPool", "Run", "is_lost", "is_retryable", "run_on", "translate"]
@@ -81,33 +81,31 @@ class Run:
 
 
 async def run_on(conn: Connection, script: Script[T], *, write: bool, run: Run) -> T:
-    """Run ``script`` on ``conn`` (autocommit; a write one in one transaction, committed
-    even when it reports busy: a waiter's place in line must stay; a :class:`Batch`
-    brings its own transaction)."""
+    """Run ``script`` on ``conn``: a write one in one transaction (committed even when it
+    reports busy: a waiter's place in line must stay), a read one in autocommit (a write in
+    it commits on its own: the fast path's; only its INSERT is safe to run again)."""
 
     async def execute(sql: str, params: tuple[Any, ...]) -> tuple[int, list[Any]]:
+        if not write and not sql.startswith("SELECT"):
+            run.committing = True  # (it may commit as soon as it is sent)
+        async with conn.cursor() as cursor:
+            count = await cursor.execute(sql, params)
+            return int(count), list(await cursor.fetchall())
+
+    async def insert(sql: str, params: tuple[Any, ...]) -> int | None:
+        # (an INSERT run twice finds the owner's own row, which the table refreshes)
         async with conn.cursor() as cursor:
             try:
                 count = await cursor.execute(sql, params)
             except driver_errors() as exc:
-                if error_code(exc) == _DUPLICATE_KEY:  # the INSERT of a name just taken
-                    return 0, []
+                if error_code(exc) == _DUPLICATE_KEY:  # the name has a row
+                    return None
                 raise
-            return int(count), list(await cursor.fetchall())
-
-    async def batch(statement: Batch) -> list[tuple[int, list[Any]]]:
-        if not statement.retry_safe:
-            run.committing = True  # (it may commit as soon as it is sent)
-        async with conn.cursor() as cursor:
-            count = await cursor.execute(statement.sql, statement.params)
-            results = [(int(count), list(await cursor.fetchall()))]
-            while await cursor.nextset():
-                results.append((int(cursor.rowcount), list(await cursor.fetchall())))
-            return results
+            return int(cursor.lastrowid) if count == 1 else None
 
     if write:
         await conn.begin()
-    result = await run_script_async(execute, script, batch)
+    result = await run_script_async(execute, script, insert)
     if write:
         run.committing = True
         await conn.commit()
@@ -134,25 +132,17 @@ class ConnectionPool:
         self._orphans: list[tuple[int, float]] = []
         self.closed = False
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[tuple[Connection, bool]]:
-        """``(connection, reused)``: reused is True for one that sat idle (it may be dead)."""
-        async with self._slots:
-            if self.closed:
-                raise BackendError("mysql: the client is closed")
-            reused = bool(self._idle)
-            conn = self._idle.pop() if reused else await self._connect()
-            try:
-                yield conn, reused
-            except BaseException as exc:
-                if isinstance(exc, asyncio.CancelledError):  # (what it sent may still run)
-                    self._orphans.append((conn.thread_id(), monotonic()))
-                conn.close()  # its state is unknown: the server rolls back what it had open
-                raise
-            if self.closed or self._is_closed(conn):
-                conn.close()
-            else:
-                self._idle.append(conn)
+    def _give_back(self, conn: Connection, failure: BaseException | None) -> None:
+        """Take back a lent connection: idle again, or closed after a failure (its state is
+        unknown: the server rolls back what it had open) or once closed."""
+        if failure is not None:
+            if isinstance(failure, asyncio.CancelledError):  # (what it sent may still run)
+                self._orphans.append((conn.thread_id(), monotonic()))
+            conn.close()
+        elif self.closed or self._is_closed(conn):
+            conn.close()
+        else:
+            self._idle.append(conn)
 
     async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
         """``fn(connection, run)`` on a lent connection, its errors translated; again (the
@@ -167,8 +157,18 @@ class ConnectionPool:
             run, reused = Run(), False
             try:
                 with translate(what, self._secrets):
-                    async with self.connection() as (conn, reused):
-                        return await fn(conn, run)
+                    async with self._slots:
+                        if self.closed:
+                            raise BackendError("mysql: the client is closed")
+                        reused = bool(self._idle)
+                        conn = self._idle.pop() if reused else await self._connect()
+                        try:
+                            result = await fn(conn, run)
+                        except BaseException as exc:
+                            self._give_back(conn, exc)
+                            raise
+                        self._give_back(conn, None)
+                        return result
             except BackendError as error:
                 cause = error.__cause__
                 stale = reused and cause is not None and is_lost(cause) and not run.committing
@@ -181,6 +181,11 @@ class ConnectionPool:
                 return True
             return error.__cause__ is not None and is_retryable(error.__cause__)
 
+        try:
+            return await attempt()  # (the common case, without the retry loop's frame)
+        except BackendError as error:
+            if not again(error):
+                raise
         return await retrying(attempt, retry_if=again, what=f"mysql {what}", first=0.001, cap=0.05)
 
     async def settle(self, within: float) -> None:

@@ -85,8 +85,7 @@ class Settings:
 
 
 async def connect(settings: Settings, config: CommonConfig) -> Connection:
-    """A new connection (autocommit, multi-statement queries allowed: the lock table's fast
-    path sends batches) with the session settings every strategy needs."""
+    """A new connection (autocommit) with the session settings every strategy needs."""
     conn = await load(settings.driver).connect(
         host=settings.host,
         port=settings.port,

@@ -4,7 +4,7 @@ Every lock of a client lives on ONE holder connection (a server session): its de
 restart, a network failure, a KILL) frees every lock of the client at once, so the backend
 reports them all lost, as a ZooKeeper session's expiry does.  The server compares lock
 names case-insensitively and limits them to 64 characters: the name sent is a hash of the
-namespace and the lock name.  Tokens come from the counter table of the lock table (never
+namespace and the lock name.  Tokens come from a counter table (never
 reset), and ``aiodlock_holders`` records who holds what (for ``status``), checked against
 ``IS_USED_LOCK``: a row is believed only while its session holds the lock.
 
@@ -39,9 +39,8 @@ from ..._url import ParsedURL
 from ..._wakeup import Heartbeat
 from .._sql import encode_name
 from .._sql_backend import PollingBackend
-from ._dialect import MYSQL
 from ._driver import Connection, driver_errors, error_code
-from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
+from ._holders import HOLDERS, KEY, holders_ddl, next_token, record_holder
 from ._pool import is_lost, translate
 from ._settings import Settings, connect
 
@@ -173,9 +172,8 @@ class NamedBackend(PollingBackend):
 
         async def schema(conn: Connection) -> None:
             async with conn.cursor() as cursor:
-                for statement in MYSQL.create_tables("aiodlock_locks", COUNTERS):
+                for statement in holders_ddl():
                     await cursor.execute(statement)
-                await cursor.execute(holders_ddl())
 
         await self._on_session("open", schema)
         s = self.settings

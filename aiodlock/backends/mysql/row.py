@@ -37,9 +37,8 @@ from ..._url import ParsedURL
 from ..._wakeup import Heartbeat
 from .._base import Backend
 from .._sql import encode_name
-from ._dialect import MYSQL
 from ._driver import Connection, Cursor, driver_errors, load
-from ._holders import COUNTERS, HOLDERS, KEY, holders_ddl, next_token, record_holder
+from ._holders import HOLDERS, KEY, holders_ddl, next_token, record_holder
 from ._pool import ConnectionPool, Run, is_retryable, translate
 from ._settings import Settings, connect
 
@@ -134,7 +133,7 @@ class RowBackend(Backend):
             self.settings.secrets,
         )
         try:
-            for ddl in (*MYSQL.create_tables("aiodlock_locks", COUNTERS), holders_ddl(), _ROWS_DDL):
+            for ddl in (*holders_ddl(), _ROWS_DDL):
                 await self._short("open", ddl, ())
         except BaseException:
             await self.aclose()

@@ -16,27 +16,25 @@ class PostgresDialect(Dialect):
     placeholder = "$"
     for_update = " FOR UPDATE"
     # (clock_timestamp(): the time now, not the transaction's start as now() is)
-    now_sql = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    now_expr = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    now_sql = f"SELECT {now_expr}"
     # (two clients inserting one name at once: the second inserts nothing, and its
-    # transaction goes on, where a unique violation would abort it)
-    insert_suffix = " ON CONFLICT DO NOTHING"
+    # transaction goes on, where a unique violation would abort it; the new row's id)
+    insert_suffix = " ON CONFLICT DO NOTHING RETURNING token"
 
-    def create_tables(self, locks: str, counters: str) -> list[str]:
+    def create_tables(self, locks: str) -> list[str]:
+        # (an identity column: its sequence never hands out a number twice)
         return [
             f"CREATE TABLE IF NOT EXISTS {locks} ("
             " namespace text NOT NULL,"
             " name bytea NOT NULL,"
             " owner text NOT NULL,"
-            " token bigint NOT NULL,"
+            " token bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
             " expires_at bigint NOT NULL,"
             " version bigint NOT NULL,"
+            " waiting smallint NOT NULL DEFAULT 0,"
             " PRIMARY KEY (namespace, name))",
             f"CREATE INDEX IF NOT EXISTS {locks}_expiry ON {locks} (expires_at)",
-            f"CREATE TABLE IF NOT EXISTS {counters} ("
-            " namespace text NOT NULL,"
-            " name bytea NOT NULL,"
-            " token bigint NOT NULL,"
-            " PRIMARY KEY (namespace, name))",
         ]
 
     def create_line(self, line: str) -> list[str]:
@@ -52,18 +50,12 @@ class PostgresDialect(Dialect):
             f"CREATE INDEX IF NOT EXISTS {line}_expiry ON {line} (expires_at)",
         ]
 
-    def bump_counter(self, counters: str) -> str:
-        return (
-            f"INSERT INTO {counters} AS c (namespace, name, token) VALUES (?, {self.name_sql}, 1)"
-            " ON CONFLICT (namespace, name) DO UPDATE SET token = c.token + 1"
-        )
-
-    def sweep_expired(self, locks: str) -> str:
+    def sweep_expired(self, table: str, where: str = "") -> str:
         # (no DELETE ... LIMIT; SKIP LOCKED: a row another transaction has locked is its
         # business, and waiting for it could deadlock)
         return (
-            f"DELETE FROM {locks} WHERE ctid IN (SELECT ctid FROM {locks} WHERE expires_at < ?"
-            f" LIMIT {int(self.sweep_limit)} FOR UPDATE SKIP LOCKED)"
+            f"DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table} WHERE expires_at < ?"
+            f" {where} LIMIT {int(self.sweep_limit)} FOR UPDATE SKIP LOCKED)"
         )
 
 

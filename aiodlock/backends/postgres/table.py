@@ -1,19 +1,19 @@
 """``postgresql://...?strategy=table``: the lock table, woken by LISTEN/NOTIFY.
 
-The shared lock-table logic of :mod:`aiodlock.backends._sql` (one row per held name under
-the primary key, the owner, the expiry on the server's clock, a version for the optimistic
-take-over of an expired row, a counter table for fencing tokens that is never reset, and a
-line of waiters for ``fair=True`` and the core's urgent waiters) in the PostgreSQL dialect,
-on a small pool of asyncpg sessions (:mod:`._pool`); write scripts run in one transaction.
-The core's watchdog renews the rows.
+The shared lock-table logic of :mod:`aiodlock.backends._sql` (one row per name under the
+primary key, the owner, the expiry on the server's clock, the fencing token as the row's
+own identity id, a version for the optimistic take-over of an expired row, and a line of
+waiters for ``fair=True`` and the core's urgent waiters) in the PostgreSQL dialect, on a
+small pool of asyncpg sessions (:mod:`._pool`); write scripts run in one transaction.  An
+uncontended cycle is one INSERT and one DELETE (the shared fast path).  The core's watchdog
+renews the rows.
 
 A release (and an abandon or a break that freed something) NOTIFYs, in its transaction, the
 client whose waiter may take the name now (:func:`._table_sql.call_next`: the one where the
 first in line waits, else the one that has waited longest); each client LISTENs on one
 connection (:class:`._connection.Listener`, shared with the advisory strategy) and wakes
 only that local waiter.  A waiter still asks again within ``poll_interval`` when no NOTIFY
-comes (a holder that died: its row expires).  The common steps are one statement each
-(:mod:`._table_sql`).  See docs/backends/postgres.md.
+comes (a holder that died: its row expires).  See docs/backends/postgres.md.
 """
 
 from __future__ import annotations
@@ -21,31 +21,22 @@ from __future__ import annotations
 import asyncio
 import random
 from contextlib import AbstractAsyncContextManager
-from typing import Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Self
 
 import asyncpg
 
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import retrying
-from ..._types import (
-    Busy,
-    Capability,
-    CommonConfig,
-    Grant,
-    LostCallback,
-    Request,
-    Waiter,
-    monotonic,
-)
+from ..._types import Busy, Capability, CommonConfig, Grant, LostCallback, Request, Waiter
 from ..._url import ParsedURL, take_int
 from ..._wakeup import Backoff, WakeupBoard
-from .._sql import Behind, Execute, Fetch, Granted, Script
+from .._sql import Execute, Fetch, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
 from ._connection import Listener
 from ._pool import Pool, server_timeouts
 from ._settings import Settings
-from ._table_sql import AnnouncingTable
+from ._table_sql import AnnouncingFastPath, AnnouncingTable
 
 __all__ = ["PostgresTableBackend"]
 
@@ -91,6 +82,7 @@ class PostgresTableBackend(LockTableBackend):
         self.table: AnnouncingTable = AnnouncingTable(
             config.namespace, self._listeners, self.channel
         )
+        self.fast_path = AnnouncingFastPath(self.table, self._listeners)
         self._pool: Pool | None = None
         self._listener: Listener | None = None
 
@@ -133,7 +125,7 @@ class PostgresTableBackend(LockTableBackend):
         """Create what is missing (a plain read first: CREATE INDEX takes a table lock even
         when the index exists, which would queue behind every write under way)."""
         t = self.table
-        relations = [t.locks, f"{t.locks}_expiry", t.counters, t.line, f"{t.line}_order"]
+        relations = [t.locks, f"{t.locks}_expiry", t.line, f"{t.line}_order"]
         relations += [f"{t.line}_expiry", self._listeners]
         rows = yield Fetch(_MISSING, (relations,))
         if rows[0][0]:
@@ -192,13 +184,7 @@ class PostgresTableBackend(LockTableBackend):
                 "postgres (strategy=table): an owner is stored as text: it cannot hold a NUL "
                 f"or a lone surrogate, got {request.owner!r:.80}"
             )
-        outcome: Grant | Busy | None
-        if will_wait and (request.fair or request.urgent):
-            outcome = await self._take_in_line(request)
-        else:
-            outcome = await self._take_free(request)
-        if outcome is None:
-            outcome = await super().try_acquire(request, will_wait=will_wait)
+        outcome = await super().try_acquire(request, will_wait=will_wait)
         if isinstance(outcome, Busy):
             # Ask again within about poll_interval even if no NOTIFY comes (a holder that
             # died: its row expires; the first in line elsewhere, not called): the fallback.
@@ -216,42 +202,3 @@ class PostgresTableBackend(LockTableBackend):
             # end it first, or the clean-up could miss the row it is about to commit.
             await self._call("abandon", pool.settle, write=False)
         await super().abandon(request)
-
-    async def release(self, grant: Grant) -> bool:
-        # (one statement, a transaction of its own: no BEGIN and COMMIT round trips)
-        name, owner, token = grant.name, grant.owner, grant.token
-        released: bool = await self._call(
-            "release", lambda: self.table.release(name, owner, token), write=False
-        )
-        self._wake_one(name)
-        return released
-
-    async def _take_in_line(self, request: Request) -> Grant | Busy | None:
-        """One round trip for a waiter already in line (None: the full attempt decides)."""
-        if not request.queued:
-            return None  # (no place in line yet: the full attempt takes one)
-        started = monotonic()
-        name, owner, ttl = request.name, request.owner, request.ttl
-        keep = max(1.0, 20 * self.poll_max)  # (as the full attempt keeps it)
-        taken = await self._call(
-            "acquire", lambda: self.table.take_in_line(name, owner, ttl, keep), write=False
-        )
-        if isinstance(taken, Granted):
-            return Grant(name, owner, taken.token, started + ttl)
-        if isinstance(taken, Behind):
-            # (the first in line may wait here: pass it the wake-up, as the full attempt does)
-            self.listener.board.wake_tagged(self.board_key(name), taken.head)
-            return Busy()
-        return cast(Busy | None, taken)
-
-    async def _take_free(self, request: Request) -> Grant | Busy | None:
-        """One round trip: a free name with nobody in line, or another's live row (None: the
-        full attempt decides)."""
-        started = monotonic()
-        name, owner, ttl = request.name, request.owner, request.ttl
-        taken = await self._call(
-            "acquire", lambda: self.table.take_free(name, owner, ttl), write=False
-        )
-        if isinstance(taken, Granted):
-            return Grant(name, owner, taken.token, started + ttl)
-        return cast(Busy | None, taken)

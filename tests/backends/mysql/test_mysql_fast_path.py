@@ -1,4 +1,4 @@
-"""The lock table's one-round-trip attempt and release (aiodlock/backends/_sql_fast.py) keep
+"""The lock table's one-statement attempt and release (aiodlock/backends/_sql_fast.py) keep
 every invariant of the table's scripts, on a real MariaDB, with each driver."""
 
 from __future__ import annotations
@@ -33,31 +33,29 @@ async def backend(client: aiodlock.Client) -> MySQLBackend:
     return backend
 
 
-def counter(server: MariaDBServer, namespace: str, name: str) -> int:
-    rows = server.sql(
-        f"SELECT token FROM aiodlock_counters WHERE namespace = '{namespace}' "
+def state(server: MariaDBServer, namespace: str, name: str = "job") -> list[tuple[str, ...]]:
+    """The name's row as (owner, token, waiting, expired), or []."""
+    return server.sql(
+        "SELECT owner, token, waiting, expires_at <= CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 "
+        f"AS SIGNED) FROM aiodlock_locks WHERE namespace = '{namespace}' "
         f"AND name = UNHEX('{name.encode().hex()}')"
     )
-    return int(rows[0][0]) if rows else 0
 
 
 async def test_a_retried_attempt_of_the_owner_keeps_its_token(
-    backend: MySQLBackend, rows: Rows, mariadb_server: MariaDBServer, namespace: str
+    backend: MySQLBackend, rows: Rows
 ) -> None:
     first = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
     assert isinstance(first, Grant)
     again = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
     assert isinstance(again, Grant)
     assert again.token == first.token
-    assert counter(mariadb_server, namespace, "job") == first.token  # counted once
     assert [row[1:] for row in rows()] == [("a", str(first.token))]
     assert await backend.release(again) is True
     assert rows() == []
 
 
-async def test_a_busy_attempt_takes_no_token_and_says_how_long(
-    backend: MySQLBackend, mariadb_server: MariaDBServer, namespace: str
-) -> None:
+async def test_a_busy_attempt_says_how_long(backend: MySQLBackend) -> None:
     held = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
     assert isinstance(held, Grant)
     for _ in range(3):
@@ -65,51 +63,115 @@ async def test_a_busy_attempt_takes_no_token_and_says_how_long(
         assert isinstance(busy, Busy)
         assert busy.retry_after is not None
         assert 5 < busy.retry_after <= 10
-    assert counter(mariadb_server, namespace, "job") == held.token
     assert await backend.release(held) is True
     after = await backend.try_acquire(Request("job", "b", 10), will_wait=False)
     assert isinstance(after, Grant)
-    assert after.token == held.token + 1
+    assert after.token > held.token
 
 
-async def test_nobody_barges_past_a_live_line_of_waiters(backend: MySQLBackend) -> None:
+async def test_nobody_barges_past_a_live_line_of_waiters(
+    backend: MySQLBackend, mariadb_server: MariaDBServer, namespace: str
+) -> None:
     held = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
     assert isinstance(held, Grant)
-    # A fair waiter takes a place in line while the name is held.
+    assert state(mariadb_server, namespace) == [("a", str(held.token), "0", "0")]
+    # A fair waiter of another owner takes a place in line, and marks the row.
     fair = Request("job", "f", 10, fair=True)
     assert isinstance(await backend.try_acquire(fair, will_wait=True), Busy)
     assert fair.queued
+    assert state(mariadb_server, namespace) == [("a", str(held.token), "1", "0")]
+    # The release cannot delete a marked row: it vacates it for the first in line.
     assert await backend.release(held) is True
-    # The name is free, but the line is not empty: the fast path must not take it.
-    barger = await backend.try_acquire(Request("job", "b", 10), will_wait=False)
-    assert isinstance(barger, Busy)
+    assert [r[0] for r in state(mariadb_server, namespace)] == [""]
+    assert await backend.status("job") is None  # (a vacant row is free)
+    # The row is there: a plain INSERT hits the key; the scripts respect the line.
+    for _ in range(3):
+        barger = await backend.try_acquire(Request("job", "b", 10), will_wait=False)
+        assert isinstance(barger, Busy)
     served = await backend.try_acquire(fair, will_wait=True)
     assert isinstance(served, Grant)
-    assert served.token == held.token + 1
-    assert await backend.release(served) is True
+    assert served.token > held.token
+    assert state(mariadb_server, namespace) == [("f", str(served.token), "0", "0")]
+    assert await backend.release(served) is True  # (the fast path: nobody waits)
+    assert state(mariadb_server, namespace) == []
     # The line is empty again: the fast path takes the name.
     assert isinstance(await backend.try_acquire(Request("job", "b", 10), will_wait=False), Grant)
 
 
-async def test_tokens_increase_across_take_over_and_fast_path(
-    backend: MySQLBackend, rows: Rows, mariadb_server: MariaDBServer, namespace: str
+async def test_a_vacant_row_frees_when_its_line_empties(
+    backend: MySQLBackend, mariadb_server: MariaDBServer, namespace: str
 ) -> None:
+    held = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
+    assert isinstance(held, Grant)
+    fair = Request("job", "f", 10, fair=True)
+    assert isinstance(await backend.try_acquire(fair, will_wait=True), Busy)
+    assert await backend.release(held) is True
+    assert [r[0] for r in state(mariadb_server, namespace)] == [""]
+    # The only waiter leaves: the vacant row goes with it.
+    await backend.abandon(fair)
+    assert state(mariadb_server, namespace) == []
+    # A waiter that dies in line: once its place runs out, anyone takes the vacant row.
+    held = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
+    assert isinstance(held, Grant)
+    dead = Request("job", "dead", 10, fair=True)
+    assert isinstance(await backend.try_acquire(dead, will_wait=True), Busy)
+    assert await backend.release(held) is True
+    assert isinstance(await backend.try_acquire(Request("job", "b", 10), will_wait=False), Busy)
+    mariadb_server.sql(
+        f"UPDATE aiodlock_waiters SET expires_at = 0 WHERE namespace = '{namespace}'"
+    )
+    taken = await backend.try_acquire(Request("job", "b", 10), will_wait=False)
+    assert isinstance(taken, Grant)
+    assert taken.token > held.token
+
+
+async def test_tokens_increase_across_fast_path_vacate_and_take_over(
+    backend: MySQLBackend, rows: Rows
+) -> None:
+    tokens = []
     first = await backend.try_acquire(Request("job", "a", 0.2), will_wait=False)
     assert isinstance(first, Grant)
+    tokens.append(first.token)
     await asyncio.sleep(0.3)  # the lease's end on the server's clock (no event to wait on)
     # An expired row: the fast path leaves it to the optimistic take-over.
     second = await backend.try_acquire(Request("job", "b", 10), will_wait=False)
     assert isinstance(second, Grant)
-    assert second.token == first.token + 1
+    tokens.append(second.token)
     # The old holder's release changes nothing and says its row was gone.
     assert await backend.release(first) is False
     assert [row[1] for row in rows()] == ["b"]
-    assert await backend.release(second) is True
-    third = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
+    fair = Request("job", "f", 10, fair=True)
+    assert isinstance(await backend.try_acquire(fair, will_wait=True), Busy)
+    assert await backend.release(second) is True  # (vacated for the line)
+    third = await backend.try_acquire(fair, will_wait=True)
     assert isinstance(third, Grant)
-    assert third.token == second.token + 1
-    assert counter(mariadb_server, namespace, "job") == third.token
+    tokens.append(third.token)
     assert await backend.release(third) is True
+    fourth = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
+    assert isinstance(fourth, Grant)
+    tokens.append(fourth.token)
+    assert await backend.release(fourth) is True
+    assert tokens == sorted(set(tokens)), tokens
+
+
+async def test_one_of_four_contenders_takes_a_vacant_row(
+    backend: MySQLBackend, mariadb_server: MariaDBServer, namespace: str
+) -> None:
+    held = await backend.try_acquire(Request("job", "a", 10), will_wait=False)
+    assert isinstance(held, Grant)
+    line = Request("job", "w", 10, fair=True)
+    assert isinstance(await backend.try_acquire(line, will_wait=True), Busy)
+    assert await backend.release(held) is True  # (vacated for "w")
+    mariadb_server.sql(
+        f"UPDATE aiodlock_waiters SET expires_at = 0 WHERE namespace = '{namespace}'"
+    )  # ("w" died in line)
+    outcomes = await asyncio.gather(
+        *(backend.try_acquire(Request("job", f"c{i}", 10), will_wait=False) for i in range(4))
+    )
+    winners = [o for o in outcomes if isinstance(o, Grant)]
+    assert len(winners) == 1
+    assert winners[0].token > held.token
+    assert state(mariadb_server, namespace) == [(winners[0].owner, str(winners[0].token), "0", "0")]
 
 
 async def test_releasing_an_expired_row_reports_false_and_deletes_it(
@@ -156,9 +218,9 @@ async def test_a_cancelled_fast_acquire_leaves_nothing_behind(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await eventually(lambda: rows() == [], what="the cancelled acquire left a row")
-    # Nothing half-done either: no row with the placeholder token, nobody in line, and the
-    # name is free for another client at once.
-    zero = f"SELECT COUNT(*) FROM aiodlock_locks WHERE namespace = '{namespace}' AND token = 0"
-    assert mariadb_server.sql(zero) == [("0",)]
+    # Nothing half-done either: nobody in line, and the name is free for another client at
+    # once.
+    line = f"SELECT COUNT(*) FROM aiodlock_waiters WHERE namespace = '{namespace}'"
+    assert mariadb_server.sql(line) == [("0",)]
     async with other.lock("c", timeout=1) as lease:
-        assert lease.token == counter(mariadb_server, namespace, "c")
+        assert rows() == [("63", lease.owner, str(lease.token))]

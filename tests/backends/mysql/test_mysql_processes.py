@@ -54,7 +54,7 @@ async def test_a_killed_holders_lock_is_taken_over_after_its_lease(
     await child.proc.wait()
     async with client.lock("job", timeout=HANG) as lease:
         took = time.monotonic() - killed_at
-        assert lease.token == token + 1
+        assert lease.token > token  # (a new row: a larger id)
     assert took < ttl + 2.0, took
     assert await client.status("job") is None
 
@@ -81,7 +81,7 @@ async def test_a_restart_of_the_server_keeps_the_lock(
     assert await other.lock("job").try_acquire() is None
     await lock.release()
     async with other.lock("job", timeout=HANG) as second:
-        assert second.token == lease.token + 1
+        assert second.token > lease.token  # (the id survived the restart)
 
 
 async def test_a_process_that_waits_is_woken_by_another_process_release(
@@ -99,4 +99,4 @@ async def test_a_process_that_waits_is_woken_by_another_process_release(
 
     waiter = asyncio.create_task(wait())
     await child.ask("release", "RELEASED")
-    assert await asyncio.wait_for(waiter, HANG) == token + 1
+    assert await asyncio.wait_for(waiter, HANG) > token

@@ -147,7 +147,8 @@ async def test_hostile_names_are_separate_locks_stored_exactly(
     client: aiodlock.Client, other: aiodlock.Client, raw: RawFactory, namespace: str
 ) -> None:
     leases = [await client.lock(name).acquire(timeout=HANG) for name in NAMES]
-    assert [lease.token for lease in leases] == [1] * len(NAMES)
+    tokens = [lease.token for lease in leases]
+    assert tokens == sorted(set(tokens))  # (the rows' own ids)
     stored = {row[0] for row in await rows(await raw(), namespace)}
     assert stored == {name.encode("utf-8", "surrogatepass") for name in NAMES}
     for name, lease in zip(NAMES, leases, strict=True):
@@ -229,10 +230,11 @@ async def test_an_attempt_cut_short_cannot_commit_after_its_clean_up(
     client: aiodlock.Client, raw: RawFactory, namespace: str
 ) -> None:
     conn = await raw()
-    # Another transaction holds the name's counter row: the attempt waits for it.
+    # Another transaction is inserting the name's row: the attempt's INSERT waits for it.
     await conn.execute("BEGIN")
     await conn.execute(
-        "INSERT INTO aiodlock_counters (namespace, name, token) VALUES ($1, $2, 100)",
+        "INSERT INTO aiodlock_locks (namespace, name, owner, expires_at, version)"
+        " VALUES ($1, $2, 'blocker', 0, 1)",
         namespace,
         b"late",
     )
@@ -244,11 +246,12 @@ async def test_an_attempt_cut_short_cannot_commit_after_its_clean_up(
         await task  # (the core's clean-up is done)
     # The attempt's statement, still waiting on the server when its connection was
     # dropped, must not go on to commit a row nobody will ever release.
-    await conn.execute("COMMIT")
+    await conn.execute("ROLLBACK")
     await asyncio.sleep(0.2)
     assert await rows(conn, namespace) == []
     async with client.lock("late", timeout=HANG) as lease:
-        assert lease.token == 101
+        assert [row[0] for row in await rows(conn, namespace)] == [b"late"]
+        assert lease.token > 0
 
 
 @pytest.mark.parametrize("owner", ["nul\0inside", "lone \udcff"])

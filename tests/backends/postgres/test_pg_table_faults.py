@@ -58,7 +58,7 @@ async def test_a_killed_holders_lock_is_taken_over_after_its_lease(
     # next poll takes it over.
     async with client.lock("job", timeout=HANG) as lease:
         took = time.monotonic() - killed_at
-        assert lease.token == token + 1
+        assert lease.token > token  # (a new row: a larger id)
     assert took < ttl + 1.5, took
     assert await client.status("job") is None
 
@@ -91,7 +91,7 @@ async def test_a_restart_keeps_the_lock_and_the_waiter_listens_again(
     woke = ear.woke
     await client.lock("job", owner="k").release()
     second = await asyncio.wait_for(task, HANG / 3)  # (woken by the NOTIFY)
-    assert second.token == lease.token + 1
+    assert second.token > lease.token  # (the id survived the restart)
     assert ear.woke == woke + 1
     await waiting.lock("job", owner="w").release()
 

@@ -14,9 +14,11 @@ import pytest
 
 from aiodlock._types import Busy
 from aiodlock.backends._sql import (
+    Behind,
     Dialect,
     Granted,
     Held,
+    Insert,
     LockTable,
     Script,
     encode_name,
@@ -48,7 +50,11 @@ async def run_async(conn: sqlite3.Connection, script: Script[Any]) -> Any:
         cursor = conn.execute(sql, params)
         return cursor.rowcount, cursor.fetchall()
 
-    return await run_script_async(execute, script)
+    async def insert(sql: str, params: tuple[Any, ...]) -> int | None:
+        cursor = conn.execute(sql, params)
+        return cursor.lastrowid if cursor.rowcount == 1 else None
+
+    return await run_script_async(execute, script, insert)
 
 
 def test_the_whole_cycle_through_the_blocking_driver(conn: sqlite3.Connection) -> None:
@@ -90,7 +96,7 @@ async def test_the_same_scripts_through_the_async_driver(conn: sqlite3.Connectio
 def test_rows_of_other_namespaces_are_untouched(conn: sqlite3.Connection) -> None:
     a, b = LockTable(SQLITE, "a"), LockTable(SQLITE, "b")
     assert run(conn, a.attempt("n", "x", 10)) == Granted(1)
-    assert run(conn, b.attempt("n", "y", 10)) == Granted(1)
+    assert run(conn, b.attempt("n", "y", 10)) == Granted(2)  # (one sequence of row ids)
     assert run(conn, b.force_release("n")) is True
     held = run(conn, a.status("n"))
     assert isinstance(held, Held)
@@ -112,23 +118,18 @@ class _FormatDialect(Dialect):
     for_update = " FOR UPDATE"
     now_sql = "SELECT server_micros()"
 
-    def create_tables(self, locks: str, counters: str) -> list[str]:
-        return [f"CREATE TABLE {locks} (x)", f"CREATE TABLE {counters} (y)"]
+    def create_tables(self, locks: str) -> list[str]:
+        return [f"CREATE TABLE {locks} (x)"]
 
-    def bump_counter(self, counters: str) -> str:
-        return f"INSERT INTO {counters} VALUES (?, ?, 1) ON DUPLICATE KEY UPDATE token = token + 1"
-
-    def sweep_expired(self, locks: str) -> str:
-        return f"DELETE FROM {locks} WHERE expires_at < ? LIMIT {self.sweep_limit}"
+    def sweep_expired(self, table: str, where: str = "") -> str:
+        return f"DELETE FROM {table} WHERE expires_at < ? {where}LIMIT {self.sweep_limit}"
 
     def create_line(self, line: str) -> list[str]:
         return [f"CREATE TABLE {line} (z)"]
 
 
 def test_a_second_dialect_shapes_every_statement() -> None:
-    table = LockTable(
-        _FormatDialect(), "ns", locks="my_locks", counters="my_counters", line="my_line"
-    )
+    table = LockTable(_FormatDialect(), "ns", locks="my_locks", line="my_line")
     script = table.attempt("n", "a", 1.5)
     first = script.send(None)
     assert first.sql == "SELECT server_micros()"  # the server clock, not the local one
@@ -137,26 +138,84 @@ def test_a_second_dialect_shapes_every_statement() -> None:
     assert "%s" in select.sql
     assert "?" not in select.sql
     assert select.params == ("ns", b"n")
-    bump = script.send([])  # no row: a new grant
-    assert bump.sql.startswith("INSERT INTO my_counters")
-    assert "?" not in bump.sql
-    read = script.send(1)
-    assert read.params == ("ns", b"n")
-    insert = script.send([(7,)])
-    assert insert.params == ("ns", b"n", "a", 7, 2_500_000)
-    sweep = script.send(1)
-    assert sweep.sql == "DELETE FROM my_locks WHERE expires_at < %s LIMIT 64"
-    assert sweep.params == (1_000_000,)
+    head = script.send([])  # no row
+    assert head.sql.startswith("SELECT owner FROM my_line")
+    assert head.params == ("ns", b"n", 1_000_000)
+    insert = script.send([])  # nobody in line: a plain INSERT, nobody waiting
+    assert isinstance(insert, Insert)
+    assert insert.sql.startswith("INSERT INTO my_locks")
+    assert insert.params == ("ns", b"n", "a", 2_500_000, 0)
+    sweep = script.send(7)  # the new row's id: the token
+    assert sweep.sql.startswith("DELETE FROM my_locks WHERE expires_at < %s AND")
+    assert "NOT EXISTS (SELECT 1 FROM my_line" in sweep.sql
+    assert sweep.params == (1_000_000, 1_000_000)
     with pytest.raises(StopIteration) as done:
         script.send(0)
     assert done.value.value == Granted(7)
-    assert table.schema() == [
-        "CREATE TABLE my_locks (x)",
-        "CREATE TABLE my_counters (y)",
-        "CREATE TABLE my_line (z)",
-    ]
+    assert table.schema() == ["CREATE TABLE my_locks (x)", "CREATE TABLE my_line (z)"]
 
 
 def test_table_names_are_checked() -> None:
     with pytest.raises(ValueError, match="table name"):
         LockTable(SQLITE, "ns", locks="locks; DROP TABLE x")
+
+
+def _row(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT owner, token, waiting FROM aiodlock_locks").fetchall()
+
+
+def test_a_line_keeps_the_row_and_the_release_vacates_it(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    first = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(first, Granted)
+    assert _row(conn) == [("a", first.token, 0)]
+    # A waiter that joins the line marks the row: a release must not simply delete it.
+    assert isinstance(run(conn, table.attempt("n", "f", 10, queue=5)), Busy)
+    assert _row(conn) == [("a", first.token, 1)]
+    assert run(conn, table.release("n", "a", first.token)) is True
+    assert [r[0] for r in _row(conn)] == [""]  # vacant: the row stays for the line
+    assert run(conn, table.status("n")) is None  # (a vacant row is free)
+    # Nobody else takes it: the plain INSERT would hit the key; the scripts say who is first.
+    assert run(conn, table.probe("n", "b")) == Busy()
+    assert run(conn, table.attempt("n", "b", 10)) == Behind("f")
+    served = run(conn, table.attempt("n", "f", 10, queue=5))
+    assert isinstance(served, Granted)
+    assert served.token > first.token
+    assert _row(conn) == [("f", served.token, 0)]  # (nobody else in line)
+    assert run(conn, table.release("n", "f", served.token)) is True
+    assert _row(conn) == []
+
+
+def test_a_vacant_row_goes_with_its_last_waiter(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    held = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("n", "f", 10, queue=5)), Busy)
+    assert run(conn, table.release("n", "a", held.token)) is True
+    assert run(conn, table.abandon("n", "f")) is True
+    assert _row(conn) == []
+    # A waiter that died in line: once its place runs out, anyone takes the vacant row over.
+    held = run(conn, table.attempt("n", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("n", "dead", 10, queue=5)), Busy)
+    assert run(conn, table.force_release("n")) is True  # (vacated for "dead")
+    assert run(conn, table.attempt("n", "b", 10)) == Behind("dead")
+    conn.execute("UPDATE aiodlock_waiters SET expires_at = 0")
+    taken = run(conn, table.attempt("n", "b", 10))
+    assert isinstance(taken, Granted)
+    assert taken.token > held.token
+
+
+def test_the_sweep_keeps_a_row_whose_line_is_alive(conn: sqlite3.Connection) -> None:
+    table = LockTable(SQLITE, "ns")
+    held = run(conn, table.attempt("kept", "a", 10))
+    assert isinstance(held, Granted)
+    assert isinstance(run(conn, table.attempt("kept", "f", 10, queue=60)), Busy)
+    assert run(conn, table.release("kept", "a", held.token)) is True  # (vacant, expired)
+    conn.execute(
+        "INSERT INTO aiodlock_locks (namespace, name, owner, expires_at, version)"
+        " VALUES ('ns', x'64', 'dead', 0, 1)"
+    )
+    assert isinstance(run(conn, table.attempt("other", "b", 10)), Granted)  # (it sweeps)
+    names = {r[0] for r in conn.execute("SELECT name FROM aiodlock_locks")}
+    assert names == {b"kept", b"other"}  # the dead holder's row went, the line's stayed
