@@ -194,13 +194,15 @@ class Listener:
     the first waiter; when it ends while tasks wait, it is opened again in the background
     (and their places in line taken again), the waiters polling meanwhile."""
 
-    def __init__(self, settings: Settings, channel: str, waiters: str) -> None:
+    def __init__(
+        self, settings: Settings, channel: str, waiters: str, *, urgent: bool = False
+    ) -> None:
         self._settings = settings
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
         self._join = sql.join_line(waiters)
         self._leave = sql.leave_line(waiters)
-        self._pass_on = sql.pass_on(waiters)
+        self._pass_on = sql.pass_on(waiters, urgent)
         self.board = WakeupBoard()
         self.conn: asyncpg.Connection | None = None
         self.pid = 0  # the LISTEN session's server process
