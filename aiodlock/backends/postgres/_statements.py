@@ -57,11 +57,12 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     urgent -> the new token (one row) when the lock was taken, else no row.
 
     Nobody barges past the urgent line: the lock is tried only when no live client other than
-    this one has an urgent row for the key that ranks first (for a plain attempt, any; for an
-    urgent one, an earlier ``urgent_since``): when nobody waits, one index probe of an empty
-    line.  An urgent attempt marks this client's row urgent (it keeps its first mark); a grant
-    to a marked client moves its mark to the back of the urgent line (its other waiters stay
-    urgent; the row goes when its last waiter leaves).  A barred attempt that finds the lock
+    this one has an urgent row for the key that ranks first (an earlier ``urgent_since`` than
+    this client's, any if it has none; any task of an urgent client has its client's place):
+    when nobody waits, one index probe of an empty line.  An urgent attempt marks this
+    client's row urgent (it keeps its first mark); a grant to a marked client moves its mark
+    to the back of the urgent line (its other waiters stay urgent; the row goes when its last
+    waiter leaves).  A barred attempt that finds the lock
     FREE (tried and given back at once) calls the first urgent client, whom the release may
     have missed (it marked its row as the release looked).  The counter row is bumped only
     when the lock was taken, in the same statement (one round trip); each CTE runs once (a
@@ -72,8 +73,9 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     mine = mark = among = ""
     if in_line:
         mine = (
-            "WITH mine AS (SELECT CASE WHEN $6::bool THEN COALESCE((SELECT urgent_since FROM"
-            f" {waiters} WHERE key = $1::bigint AND pid = $4::int), clock_timestamp()) END AS t), "
+            "WITH mine AS (SELECT COALESCE((SELECT urgent_since FROM"
+            f" {waiters} WHERE key = $1::bigint AND pid = $4::int),"
+            " CASE WHEN $6::bool THEN clock_timestamp() END) AS t), "
         )
         urgent += " AND (m.t IS NULL OR (w.urgent_since, w.pid) < (m.t, $4::int))"
         among = ", m.t FROM mine m"

@@ -5,6 +5,8 @@ A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespa
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
 release unlocks and, only when a client waits for the key, NOTIFYs the one that has waited
 longest; each client LISTENs on one connection and wakes only its local waiter of that key.
+An urgent waiter (Capability.URGENT) marks its client's row in the line of waiters: no other
+client's attempt takes the key past it, and a release calls it first.
 The lease is the holder session: its end is the loss of every lock on it.
 :meth:`PostgresBackend.from_url` builds :mod:`.table`'s backend for ``strategy=table``.  See
 docs/backends/postgres.md.
@@ -274,7 +276,8 @@ class PostgresBackend(Backend):
 
     async def _unlock(self, conn: asyncpg.Connection, key: int) -> bool:
         """Unlock ``key`` on the holder session; if a client waits for it, call the one that
-        has waited longest (a second statement, only then).  Was it held."""
+        is urgent longest, else has waited longest (a second statement, only then).  Was it
+        held."""
         held, waited = await self.holder.call(conn, conn.fetchrow(self._unlock_sql, key))
         if waited:
             await self.holder.call(conn, conn.execute(self._call_next, key, self.channel))
