@@ -70,7 +70,8 @@ async def test_nobody_barges_past_an_urgent_waiter(
         assert await holders(conn, key) == []
         assert not later.done()
         # (the release called it, and so did the attempts that found the lock free)
-        assert backend_of(first).listener.heard >= heard + 2
+        listener = backend_of(first).listener
+        await eventually(lambda: listener.heard >= heard + 2, what="the calls heard")
     finally:
         busy.end()
     await eventually(lambda: _held_by(conn, key, backend_of(first)), what="first's grant")
