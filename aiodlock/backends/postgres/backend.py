@@ -229,10 +229,12 @@ class PostgresBackend(Backend):
     ) -> Awaitable[int | None]:
         """The try-lock statement: an urgent request marks its client's row in the line."""
         listener = self.listener
-        args = (key, name, owner, listener.pid, self.channel)  # (pid 0: not listening)
+        args = (key, name, owner, listener.pid)  # (pid 0: not listening)
         if listener.listening_for(key):
-            return cast("Awaitable[int | None]", conn.fetchval(self._try_in_line, *args, urgent))
-        return cast("Awaitable[int | None]", conn.fetchval(self._try_lock, *args))
+            step = conn.fetchval(self._try_in_line, *args, self.channel, urgent)
+        else:
+            step = conn.fetchval(self._try_lock, *args)
+        return cast("Awaitable[int | None]", step)
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self.listener.waiter(self.key(request.name), Backoff(0.01, self.poll_interval))
