@@ -192,15 +192,18 @@ class Listener:
     alone hears it and wakes ONE waiter of the key (its board is keyed by the key as text).
     It also listens on the namespace's channel, for what every client must hear.  Opened by
     the first waiter; when it ends while tasks wait, it is opened again in the background
-    (and their places in line taken again), the waiters polling meanwhile."""
+    (and their places in line taken again), the waiters polling meanwhile.  ``urgent``: the
+    line has urgent rows (the advisory strategy's), which a passed-on call serves first."""
 
-    def __init__(self, settings: Settings, channel: str, waiters: str) -> None:
+    def __init__(
+        self, settings: Settings, channel: str, waiters: str, *, urgent: bool = False
+    ) -> None:
         self._settings = settings
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
         self._join = sql.join_line(waiters)
         self._leave = sql.leave_line(waiters)
-        self._pass_on = sql.pass_on(waiters)
+        self._pass_on = sql.pass_on(waiters, urgent)
         self.board = WakeupBoard()
         self.conn: asyncpg.Connection | None = None
         self.pid = 0  # the LISTEN session's server process

@@ -51,18 +51,60 @@ def create_table(table: str) -> str:
     )
 
 
-def try_lock(table: str) -> str:
-    """$1 key, $2 name, $3 owner (UTF-8) -> the new token (one row) when the lock was taken, else no
-    row.  The CTE runs once (a volatile function is never inlined): the counter row is bumped
-    only when ``pg_try_advisory_lock`` succeeded, in the same statement (one round trip)."""
-    return (
-        "WITH got AS (SELECT pg_try_advisory_lock($1::bigint) AS ok) "
-        f"INSERT INTO {table} AS c (key, name, owner, token, pid) "
-        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE got.ok "
+def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
+    """$1 key, $2 name, $3 owner (UTF-8), $4 the pid of this client's LISTEN session (0: none),
+    and with ``in_line`` (this client has a row in the line of the key) $5 channel, $6
+    urgent -> the new token (one row) when the lock was taken, else no row.
+
+    Nobody barges past the urgent line: the lock is tried only when no live client other than
+    this one has an urgent row for the key that ranks first (an earlier ``urgent_since`` than
+    this client's, any if it has none; any task of an urgent client has its client's place):
+    when nobody waits, one index probe of an empty line.  The counter row is bumped only
+    when the lock was taken, in the same statement (one round trip); each CTE runs once (a
+    volatile function is never inlined), and CASE tries the lock only when it must.
+
+    ``in_line`` only (the statement of a client that waits, off the uncontended path): an
+    urgent attempt marks this client's row urgent (it keeps its first mark); a grant to a
+    marked client moves its mark to the back of the urgent line (its other waiters stay
+    urgent; the row goes when its last waiter leaves).  A barred attempt that finds the lock
+    FREE (tried and given back at once) calls the first urgent client: the release called
+    this one, as the urgent one was marking its row.  (A client not in line was not called:
+    it leaves that to the called one.)"""
+    urgent = f"FROM {waiters} w WHERE w.key = $1::bigint AND w.urgent_since IS NOT NULL"
+    urgent += f" AND w.pid <> $4::int AND {alive('w.pid')}"
+    insert = (
+        f" INSERT INTO {table} AS c (key, name, owner, token, pid) "
+        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE {taken} "
         "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
         "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() "
         "RETURNING token"
     )
+    if not in_line:
+        return (
+            f"WITH got AS (SELECT CASE WHEN EXISTS (SELECT 1 {urgent}) THEN false"
+            " ELSE pg_try_advisory_lock($1::bigint) END AS ok)"
+        ) + insert.format(taken="got.ok")
+    first = f"SELECT w.pid {urgent} ORDER BY w.urgent_since, w.pid LIMIT 1"
+    urgent += " AND (m.t IS NULL OR (w.urgent_since, w.pid) < (m.t, $4::int))"
+    taken = (
+        "CASE WHEN got.st = 1 THEN true WHEN got.st = 2 THEN (SELECT false FROM"
+        f" ({first}) f, pg_notify($5::text || '_' || f.pid::text, $1::bigint::text))"
+        " ELSE false END"
+    )
+    return (
+        "WITH mine AS (SELECT COALESCE((SELECT urgent_since FROM"
+        f" {waiters} WHERE key = $1::bigint AND pid = $4::int),"
+        " CASE WHEN $6::bool THEN clock_timestamp() END) AS t), "
+        f"got AS (SELECT CASE WHEN NOT EXISTS (SELECT 1 {urgent}) THEN"
+        " CASE WHEN pg_try_advisory_lock($1::bigint) THEN 1 ELSE 0 END"
+        " WHEN pg_try_advisory_lock($1::bigint) THEN"
+        " CASE WHEN pg_advisory_unlock($1::bigint) THEN 2 ELSE 2 END ELSE 0 END AS st,"
+        " m.t FROM mine m), "
+        f"mark AS (UPDATE {waiters} w SET urgent_since = CASE WHEN got.st = 1"
+        " THEN clock_timestamp() ELSE got.t END FROM got"
+        " WHERE w.key = $1::bigint AND w.pid = $4::int AND ((got.st = 1 AND w.urgent_since"
+        " IS NOT NULL) OR (got.st <> 1 AND got.t IS NOT NULL AND w.urgent_since IS NULL)))"
+    ) + insert.format(taken=taken)
 
 
 def create_waiters(waiters: str) -> str:
@@ -71,12 +113,31 @@ def create_waiters(waiters: str) -> str:
         " key bigint NOT NULL,"
         " pid integer NOT NULL,"  # the waiting client's LISTEN session
         " since timestamptz NOT NULL DEFAULT clock_timestamp(),"
+        # (advisory: since when one of its waiters is urgent; NULL: none is)
+        " urgent_since timestamptz,"
         " PRIMARY KEY (key, pid))"
     )
 
 
+#: $1 a waiters table (quoted) -> has it the ``urgent_since`` column (a table made before
+#: it existed has not: :func:`add_urgent`).
+HAS_URGENT = (
+    "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text)"
+    " AND attname = 'urgent_since' AND NOT attisdropped)"
+)
+
+
+def add_urgent(waiters: str) -> str:
+    return f"ALTER TABLE {waiters} ADD COLUMN IF NOT EXISTS urgent_since timestamptz"
+
+
+def alive(pid: str) -> str:
+    """The session ``pid`` (a column) still exists."""
+    return f"EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a WHERE a.pid IS NOT NULL)"
+
+
 #: A session that no longer exists (its client died without leaving the line).
-DEAD_PID = "NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(pid) a WHERE a.pid IS NOT NULL)"
+DEAD_PID = "NOT " + alive("pid")
 
 
 def join_line(waiters: str) -> str:
@@ -94,27 +155,32 @@ def leave_line(waiters: str) -> str:
     return f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
 
 
-def pass_on(waiters: str) -> str:
+#: The order of a line: by ``since``; with urgent clients, those first.
+_ORDER = {False: "since", True: "urgent_since NULLS LAST, since"}
+
+
+def pass_on(waiters: str, urgent: bool = False) -> str:
     """$1 key, $2 channel: leave the line of ``key``, calling the next client in it (this
-    client was called and its waiter left without asking: a timeout, a cancellation)."""
+    client was called and its waiter left without asking: a timeout, a cancellation);
+    ``urgent``: the line has urgent clients, who come first."""
     return (
         f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
         " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
         f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
-        " AND NOT " + DEAD_PID + " ORDER BY since LIMIT 1) w"
+        " AND NOT " + DEAD_PID + f" ORDER BY {_ORDER[urgent]} LIMIT 1) w"
     )
 
 
 def call_next(waiters: str) -> str:
     """$1 key, $2 channel: NOTIFY (at commit) the channel of ONE client, the one that has
     waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN session), with the
-    key: that client alone hears it, and wakes one of its waiters of the key.  Nothing is
-    sent when nobody waits."""
+    key: that client alone hears it, and wakes one of its waiters of the key.  An urgent
+    client comes first (the one urgent longest).  Nothing is sent when nobody waits."""
     return (
         "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
         f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
         + DEAD_PID
-        + " ORDER BY since LIMIT 1) w"
+        + f" ORDER BY {_ORDER[True]} LIMIT 1) w"
     )
 
 

@@ -5,6 +5,8 @@ A name's lock is ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of namespa
 statement bumps the key's counter row (the fencing token) only when the lock was taken.  A
 release unlocks and, only when a client waits for the key, NOTIFYs the one that has waited
 longest; each client LISTENs on one connection and wakes only its local waiter of that key.
+An urgent waiter (Capability.URGENT) marks its client's row in the line of waiters: no other
+client's attempt takes the key past it, and a release calls it first.
 The lease is the holder session: its end is the loss of every lock on it.
 :meth:`PostgresBackend.from_url` builds :mod:`.table`'s backend for ``strategy=table``.  See
 docs/backends/postgres.md.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self, cast
 
@@ -63,7 +65,9 @@ class PostgresBackend(Backend):
     """Advisory locks on one holder session per client, woken by LISTEN/NOTIFY."""
 
     backend_name = "postgres"
-    capabilities = Capability.FENCING | Capability.SESSION_LEASE | Capability.CROSS_PROCESS
+    capabilities = (
+        Capability.FENCING | Capability.SESSION_LEASE | Capability.CROSS_PROCESS | Capability.URGENT
+    )
 
     def __init__(self, config: CommonConfig, settings: Settings, options: dict[str, Any]) -> None:
         self.config = config
@@ -78,7 +82,9 @@ class PostgresBackend(Backend):
         self._call_next = sql.call_next(self._waiters)
         self.poll_interval = settings.poll_interval
         self.channel = sql.channel_of(config.namespace)
-        self._try_lock = sql.try_lock(self._table)
+        #: the attempt of a client not in the key's line, and of one in it
+        self._try_lock = sql.try_lock(self._table, self._waiters, in_line=False)
+        self._try_in_line = sql.try_lock(self._table, self._waiters, in_line=True)
         self._status = sql.status(self._table)
         self._on_lost: LostCallback | None = None
         self._holder: Holder | None = None
@@ -128,7 +134,7 @@ class PostgresBackend(Backend):
         self._on_lost = on_lost
         op = self.config.op_timeout
         self._holder = Holder(self._connect, op, self._ended, lambda: bool(self._held))
-        self._listener = Listener(self.settings, self.channel, self._waiters)
+        self._listener = Listener(self.settings, self.channel, self._waiters, urgent=True)
         try:
             async with self.holder.session() as conn:
                 assert conn is not None
@@ -141,6 +147,11 @@ class PostgresBackend(Backend):
                             await self.holder.call(conn, conn.execute(create))
                         except asyncpg.UniqueViolationError:
                             pass  # another client created it at the same moment
+                    has = conn.fetchval(sql.HAS_URGENT, self._waiters)
+                    if not await self.holder.call(conn, has):
+                        # (a line made before the urgent mark: the exclusive lock, once)
+                        add = conn.execute(sql.add_urgent(self._waiters))
+                        await self.holder.call(conn, add)
         except BaseException:
             await self.aclose()
             raise
@@ -198,7 +209,8 @@ class PostgresBackend(Backend):
                 self._doubt[key] = (request.owner, generation)
                 try:
                     name, owner = sql.encode(request.name), sql.encode(request.owner)
-                    token = await holder.call(conn, conn.fetchval(self._try_lock, key, name, owner))
+                    step = self._attempt(conn, key, name, owner, request.urgent)
+                    token = await holder.call(conn, step)
                 except _SESSION_ENDED:
                     self._doubt.pop(key, None)  # (the session is gone, and its locks)
                     raise
@@ -211,6 +223,18 @@ class PostgresBackend(Backend):
         self._held[key] = grant
         holder.keep_alive()
         return grant
+
+    def _attempt(
+        self, conn: asyncpg.Connection, key: int, name: bytes, owner: bytes, urgent: bool
+    ) -> Awaitable[int | None]:
+        """The try-lock statement: an urgent request marks its client's row in the line."""
+        listener = self.listener
+        args = (key, name, owner, listener.pid)  # (pid 0: not listening)
+        if listener.listening_for(key):
+            step = conn.fetchval(self._try_in_line, *args, self.channel, urgent)
+        else:
+            step = conn.fetchval(self._try_lock, *args)
+        return cast("Awaitable[int | None]", step)
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self.listener.waiter(self.key(request.name), Backoff(0.01, self.poll_interval))
@@ -254,7 +278,8 @@ class PostgresBackend(Backend):
 
     async def _unlock(self, conn: asyncpg.Connection, key: int) -> bool:
         """Unlock ``key`` on the holder session; if a client waits for it, call the one that
-        has waited longest (a second statement, only then).  Was it held."""
+        is urgent longest, else has waited longest (a second statement, only then).  Was it
+        held."""
         held, waited = await self.holder.call(conn, conn.fetchrow(self._unlock_sql, key))
         if waited:
             await self.holder.call(conn, conn.execute(self._call_next, key, self.channel))
