@@ -14,12 +14,20 @@ from ..._errors import ConfigurationError, translating
 from ..._types import CommonConfig
 from ..._url import ParsedURL, format_host, take_float, take_str
 
-__all__ = ["SSLMODES", "STRATEGIES", "Settings"]
+__all__ = ["CREATE_RACE", "SSLMODES", "STRATEGIES", "Settings"]
 
 DEFAULT_PORT = 5432
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 STRATEGIES = ("advisory", "table")
 #: Errors that time can cure: the server restarts, is starting, shut a session down.
+#: What ``CREATE ... IF NOT EXISTS`` (or ``ADD COLUMN IF NOT EXISTS``) may raise when two
+#: sessions run it at the same moment: the other one made the object, which is what we want.
+CREATE_RACE = (
+    asyncpg.UniqueViolationError,
+    asyncpg.DuplicateObjectError,
+    asyncpg.DuplicateTableError,
+    asyncpg.DuplicateColumnError,
+)
 _TRANSIENT = (
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,

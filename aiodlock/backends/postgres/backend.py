@@ -40,7 +40,7 @@ from ..._wakeup import Backoff
 from .._base import Backend
 from . import _statements as sql
 from ._connection import Holder, Listener
-from ._settings import Settings
+from ._settings import CREATE_RACE, Settings
 
 __all__ = ["PostgresBackend"]
 
@@ -145,13 +145,14 @@ class PostgresBackend(Backend):
                     ):
                         try:
                             await self.holder.call(conn, conn.execute(create))
-                        except asyncpg.UniqueViolationError:
+                        except CREATE_RACE:
                             pass  # another client created it at the same moment
                     has = conn.fetchval(sql.HAS_URGENT, self._waiters)
                     if not await self.holder.call(conn, has):
                         # (a line made before the urgent mark: the exclusive lock, once)
                         add = conn.execute(sql.add_urgent(self._waiters))
-                        await self.holder.call(conn, add)
+                        with contextlib.suppress(*CREATE_RACE):
+                            await self.holder.call(conn, add)
         except BaseException:
             await self.aclose()
             raise

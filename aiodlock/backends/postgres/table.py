@@ -23,8 +23,6 @@ import random
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Self
 
-import asyncpg
-
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import retrying
 from ..._types import Busy, Capability, CommonConfig, Grant, LostCallback, Request, Waiter
@@ -35,7 +33,7 @@ from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
 from ._connection import Listener
 from ._pool import Pool, server_timeouts
-from ._settings import Settings
+from ._settings import CREATE_RACE, Settings
 from ._table_sql import AnnouncingFastPath, AnnouncingTable
 
 __all__ = ["PostgresTableBackend"]
@@ -143,7 +141,7 @@ class PostgresTableBackend(LockTableBackend):
             await retrying(
                 lambda: self._call("create the lock tables", self._schema, write=False),
                 tries=3,
-                retry_if=lambda exc: isinstance(exc.__cause__, asyncpg.UniqueViolationError),
+                retry_if=lambda exc: isinstance(exc.__cause__, CREATE_RACE),
                 what="postgres: create the lock tables",
             )
         except BaseException:

@@ -30,10 +30,15 @@ async def holders(conn: asyncpg.Connection, key: int) -> list[int]:
 
 
 async def line(conn: asyncpg.Connection, client: aiodlock.Client, key: int) -> list[int]:
-    """The LISTEN sessions waiting for ``key`` (either strategy)."""
+    """The LISTEN sessions waiting for ``key`` (either strategy).  A row of a session that has
+    ended counts as gone, as it does for the backends (a join cut short ends its session)."""
     backend = client.backend
     table = f"{backend.table}_waiters" if isinstance(backend, PostgresBackend) else LISTENERS
-    rows = await conn.fetch(f'SELECT pid FROM "{table}" WHERE key = $1', key)
+    rows = await conn.fetch(
+        f'SELECT pid FROM "{table}" w WHERE key = $1'
+        " AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid)",
+        key,
+    )
     return [r["pid"] for r in rows]
 
 
