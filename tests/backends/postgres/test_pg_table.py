@@ -58,8 +58,13 @@ async def line(conn: asyncpg.Connection, namespace: str) -> list[str]:
 
 
 async def listeners(conn: asyncpg.Connection, key: int) -> list[int]:
-    """The LISTEN sessions waiting for ``key``."""
-    found = await conn.fetch("SELECT pid FROM aiodlock_listeners WHERE key = $1", key)
+    """The LISTEN sessions waiting for ``key`` (a row of a session that has ended counts as
+    gone, as it does for the backends: a join cut short ends its session)."""
+    found = await conn.fetch(
+        "SELECT pid FROM aiodlock_listeners w WHERE key = $1"
+        " AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid)",
+        key,
+    )
     return [r["pid"] for r in found]
 
 
