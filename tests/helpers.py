@@ -256,3 +256,27 @@ def in_threads(*coroutines: Coroutine[Any, Any, None]) -> None:
         assert not thread.is_alive(), "a thread still runs: a waiter was never woken"
     if errors:
         raise errors[0]
+
+
+async def take_turns(
+    clients: list[aiodlock.Client], name: str, tasks: int, rounds: int
+) -> list[int]:
+    """``tasks`` tasks, spread over ``clients``, take ``name`` ``rounds`` times each, one at
+    a time (checked); the tokens, in the order they were granted."""
+    inside = 0
+    tokens: list[int] = []
+
+    async def worker(client: aiodlock.Client) -> None:
+        nonlocal inside
+        for _ in range(rounds):
+            async with client.lock(name, timeout=HANG) as lease:
+                inside += 1
+                assert inside == 1
+                tokens.append(lease.token)
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
+    assert len(tokens) == tasks * rounds
+    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
+    return tokens

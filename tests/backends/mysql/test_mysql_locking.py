@@ -15,7 +15,7 @@ import pytest
 
 import aiodlock
 from aiodlock._types import Busy, Grant, Request
-from tests.helpers import HANG, ClientFactory, eventually
+from tests.helpers import HANG, ClientFactory, eventually, take_turns
 from tests.servers import MariaDBServer
 
 from .mysql_helpers import DRIVERS, backend_of
@@ -27,22 +27,7 @@ async def test_exclusion_and_strictly_increasing_tokens_across_tasks_and_clients
     make_client: ClientFactory, rows: Rows
 ) -> None:
     clients = [await make_client(poll_min=0.001, poll_max=0.01) for _ in range(2)]
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(5):
-            async with client.lock("shared", timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    async with asyncio.TaskGroup() as group:
-        for i in range(8):
-            group.create_task(worker(clients[i % 2]))
+    tokens = await take_turns(clients, "shared", tasks=8, rounds=5)
     assert len(tokens) == 40
     assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
     assert rows() == []

@@ -13,7 +13,7 @@ import pytest
 
 import aiodlock
 from aiodlock.backends.mysql.named import NamedBackend
-from tests.helpers import HANG, ClientFactory, ServeFactory, eventually
+from tests.helpers import HANG, ClientFactory, ServeFactory, eventually, take_turns
 from tests.servers import MariaDBServer
 
 from .test_mysql_locking import NAMES
@@ -41,22 +41,7 @@ async def test_exclusion_tokens_and_names_on_one_session(
     make_client: ClientFactory, mariadb_server: MariaDBServer
 ) -> None:
     clients = [await make_client(poll_min=0.001, poll_max=0.01) for _ in range(2)]
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(5):
-            async with client.lock("shared", timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    async with asyncio.TaskGroup() as group:
-        for i in range(6):
-            group.create_task(worker(clients[i % 2]))
+    tokens = await take_turns(clients, "shared", tasks=6, rounds=5)
     assert tokens == list(range(1, 31))
     # Awkward names: each its own lock, all on one session; MariaDB's case-insensitive,
     # 64-character names never see them (only their hashes).

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import aiodlock
-from tests.helpers import HANG, ClientFactory, ServeFactory
+from tests.helpers import HANG, ClientFactory, ServeFactory, take_turns
 from tests.servers import MariaDBServer
 
 from .test_mysql_locking import NAMES
@@ -36,22 +36,7 @@ async def test_exclusion_tokens_names_and_the_servers_wait(
     make_client: ClientFactory, mariadb_server: MariaDBServer
 ) -> None:
     clients = [await make_client() for _ in range(2)]
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(4):
-            async with client.lock("shared", timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    async with asyncio.TaskGroup() as group:
-        for i in range(6):
-            group.create_task(worker(clients[i % 2]))
+    tokens = await take_turns(clients, "shared", tasks=6, rounds=4)
     assert tokens == list(range(1, 25))
     first, second = clients
     async with contextlib.AsyncExitStack() as stack:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import asyncpg
 
 import aiodlock
 from aiodlock.backends.postgres import PostgresBackend
 from aiodlock.backends.postgres.table import LISTENERS
-from tests.helpers import HANG
 
 
 def backend_of(client: aiodlock.Client) -> PostgresBackend:
@@ -40,27 +37,3 @@ async def line(conn: asyncpg.Connection, client: aiodlock.Client, key: int) -> l
         key,
     )
     return [r["pid"] for r in rows]
-
-
-async def take_turns(
-    clients: list[aiodlock.Client], name: str, tasks: int, rounds: int
-) -> list[int]:
-    """``tasks`` tasks, spread over ``clients``, take ``name`` ``rounds`` times each, one at
-    a time (checked); the tokens, in the order they were granted."""
-    inside = 0
-    tokens: list[int] = []
-
-    async def worker(client: aiodlock.Client) -> None:
-        nonlocal inside
-        for _ in range(rounds):
-            async with client.lock(name, timeout=HANG) as lease:
-                inside += 1
-                assert inside == 1
-                tokens.append(lease.token)
-                await asyncio.sleep(0.001)
-                inside -= 1
-
-    await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
-    assert len(tokens) == tasks * rounds
-    assert tokens == sorted(set(tokens)), "tokens must strictly increase in order of entry"
-    return tokens

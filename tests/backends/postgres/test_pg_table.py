@@ -16,11 +16,10 @@ import pytest
 import aiodlock
 from aiodlock._types import Busy, Grant, Request
 from aiodlock.backends.postgres.table import PostgresTableBackend
-from tests.helpers import HANG, ClientFactory, eventually
+from tests.helpers import HANG, ClientFactory, eventually, take_turns
 from tests.servers import PostgresServer
 
 from .conftest import RawFactory
-from .pg_helpers import take_turns
 
 
 @pytest.fixture
