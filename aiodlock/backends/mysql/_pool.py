@@ -132,17 +132,33 @@ class ConnectionPool:
         self._orphans: list[tuple[int, float]] = []
         self.closed = False
 
-    def _give_back(self, conn: Connection, failure: BaseException | None) -> None:
+    def _give_back(
+        self, conn: Connection, failure: BaseException | None, *, unsure: bool = False
+    ) -> None:
         """Take back a lent connection: idle again, or closed after a failure (its state is
-        unknown: the server rolls back what it had open) or once closed."""
+        unknown: the server rolls back what it had open) or once closed.  ``unsure``: what it
+        sent may still run (as after a cancellation)."""
         if failure is not None:
-            if isinstance(failure, asyncio.CancelledError):  # (what it sent may still run)
+            if unsure or isinstance(failure, asyncio.CancelledError):
                 self._orphans.append((conn.thread_id(), monotonic()))
             conn.close()
         elif self.closed or self._is_closed(conn):
             conn.close()
         else:
             self._idle.append(conn)
+
+    async def lend_idle(self) -> Connection | None:
+        """An idle connection if one is idle and a slot is free (no wait, no connect), else
+        None; it comes back through :meth:`give_back`."""
+        if self.closed or not self._idle or self._slots.locked():
+            return None
+        await self._slots.acquire()  # (returns at once: a slot is free)
+        return self._idle.pop()
+
+    def give_back(self, conn: Connection, failure: BaseException | None, *, unsure: bool) -> None:
+        """Take back a connection of :meth:`lend_idle` (see :meth:`_give_back`)."""
+        self._give_back(conn, failure, unsure=unsure)
+        self._slots.release()
 
     async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
         """``fn(connection, run)`` on a lent connection, its errors translated; again (the

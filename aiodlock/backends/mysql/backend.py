@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Self, cast
 
-from ..._errors import BackendError
+from ..._deadlines import Deadlines
+from ..._errors import BackendError, BackendTimeout
 from ..._types import Capability, CommonConfig, LostCallback, Request
 from ..._url import ParsedURL
 from .._sql import Execute, LockTable, Script
@@ -24,7 +25,7 @@ from .._sql_backend import LockTableBackend, MakeScript
 from .._sql_fast import FastPath
 from ._dialect import MYSQL
 from ._driver import Connection, load
-from ._pool import ConnectionPool, run_on, translate
+from ._pool import ConnectionPool, Run, is_lost, is_retryable, run_on, translate
 from ._settings import Settings, connect
 
 __all__ = ["MySQLBackend"]
@@ -46,6 +47,7 @@ class MySQLBackend(LockTableBackend):
         self.table = LockTable(MYSQL, config.namespace)
         self.fast_path = FastPath(self.table)
         self._pool: ConnectionPool | None = None
+        self._deadlines = Deadlines()
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -80,6 +82,34 @@ class MySQLBackend(LockTableBackend):
                 return await pool.run(
                     lambda conn, run: run_on(conn, script(), write=write, run=run), what
                 )
+
+    async def _fast(self, what: str, statement: MakeScript) -> Any:
+        """A fast-path statement on an idle connection, bounded by the backend's deadlines
+        (closing the connection at the deadline ends the statement: no ``asyncio.timeout``,
+        no retry loop); when none is idle, after a deadlock, or when the idle one was dead
+        before anything was sent, :meth:`_call`'s way."""
+        pool = self._pool
+        conn = None if pool is None else await pool.lend_idle()
+        if conn is None or pool is None:
+            return await self._call(what, statement, write=False)
+        run = Run()
+        bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        try:
+            result = await run_on(conn, statement(), write=False, run=run)
+        except BaseException as exc:
+            self._deadlines.end(bound)
+            pool.give_back(conn, exc, unsure=bound.expired)
+            if bound.expired:
+                raise BackendTimeout(f"mysql: {what} timed out") from exc
+            if is_retryable(exc) or (is_lost(exc) and not run.committing):
+                # (a deadlock: rolled back; or an idle connection that had died, the server
+                # restarted or closed it): the pool's way, which tries again
+                return await self._call(what, statement, write=False)
+            with translate(what, self.settings.secrets):
+                raise
+        self._deadlines.end(bound)
+        pool.give_back(conn, None, unsure=False)
+        return result
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
         answer = None
@@ -120,6 +150,7 @@ class MySQLBackend(LockTableBackend):
 
     async def aclose(self) -> None:
         self._leave_board()
+        self._deadlines.cancel()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.aclose()

@@ -224,3 +224,41 @@ async def test_a_cancelled_fast_acquire_leaves_nothing_behind(
     assert mariadb_server.sql(line) == [("0",)]
     async with other.lock("c", timeout=1) as lease:
         assert rows() == [("63", lease.owner, str(lease.token))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_fast_statement_to_a_server_that_stops_answering_times_out(
+    driver: str, mariadb_factory: Callable[..., MariaDBServer], namespace: str
+) -> None:
+    """The fast path's statements are bounded by ``op_timeout`` (the connection is closed
+    under them), and the client works on new connections once the server answers again.
+    What the cut-short INSERT may have done there (the server runs it when it wakes) could
+    not be cleaned up while the server slept: the row's lease frees the name."""
+    server = mariadb_factory()
+    op_timeout, ttl = 1.0, 3.0
+    url = f"{server.url}?driver={driver}"
+    options = {"namespace": namespace, "op_timeout": op_timeout, "connect_timeout": op_timeout}
+    async with (
+        aiodlock.connect(url, **options) as client,
+        aiodlock.connect(url, **options) as other,
+    ):
+        async with client.lock("warm"):  # (an idle pooled connection: the fast path's)
+            pass
+        held = client.lock("held", ttl=60)
+        await held.acquire()
+        server.pause()
+        loop = asyncio.get_running_loop()
+        try:
+            started = loop.time()
+            with pytest.raises(aiodlock.BackendTimeout):
+                await client.lock("p", ttl=ttl).try_acquire()
+            assert loop.time() - started < op_timeout * 2 + 1
+        finally:
+            server.resume()
+        await held.release()  # (the fast DELETE, on a new connection)
+        assert await other.status("held") is None
+        started = loop.time()
+        async with other.lock("p", timeout=ttl + 5) as lease:
+            assert not lease.lost
+        assert loop.time() - started < ttl + 2
