@@ -4,9 +4,10 @@ The floor is the fewest statements a correct table lock needs: an ``INSERT`` of 
 row and a ``DELETE`` by owner, on one connection in autocommit.  Measured, on a fresh
 MariaDB on a free loopback port (``tests/servers.py``):
 
-* uncontended lock cycles per second (one client, one task) for the floor and each strategy,
-  with each driver (``aiomysql``, ``asyncmy``), interleaved over ``--repeats`` rounds (the
-  median of each is reported: a shared machine is noisy);
+* uncontended lock cycles per second (one client, one task) for the floor, for ``table``'s
+  own two statements sent raw on one connection (what they cost without the library), and
+  for each strategy, with each driver (``aiomysql``, ``asyncmy``), interleaved over
+  ``--repeats`` rounds (the median of each is reported: a shared machine is noisy);
 * the hand-off gap: a waiter in another client of the same process takes the name after
   the holder releases it (p50 and max, ms);
 * pool exhaustion: 100 waiters on a pool of 10 (``strategy=table``) while the name is held;
@@ -63,6 +64,35 @@ async def floor(port: int, database: str, cycles: int, driver: str) -> float:
                 await cursor.execute(
                     "DELETE FROM bench_floor WHERE name = UNHEX(%s) AND owner = %s", ("6a", "me")
                 )
+            return cycles / (time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+async def raw_table(url: str, port: int, database: str, cycles: int, driver: str) -> float:
+    """Cycles per second of ``table``'s own two statements (the fast path's INSERT, with
+    the expiry on the server's clock and the token from AUTO_INCREMENT, and its DELETE by
+    owner and token) sent raw on one connection: the statements' cost, without the library."""
+    from aiodlock.backends._sql import LockTable
+    from aiodlock.backends._sql_fast import FastPath
+    from aiodlock.backends.mysql._dialect import MYSQL
+    from aiodlock.backends.mysql._driver import load
+
+    async with aiodlock.connect(url, namespace="bench-raw"):
+        pass  # (the tables exist)
+    fast = FastPath(LockTable(MYSQL, "bench-raw"))
+    conn = await load(driver).connect(
+        host="127.0.0.1", port=port, user="root", password="", database=database
+    )
+    try:
+        async with conn.cursor() as cursor:
+            await cursor.execute("SET time_zone = '+00:00'")
+            insert = next(fast.grab("a", "owner", 30.0))
+            started = time.perf_counter()
+            for _ in range(cycles):
+                await cursor.execute(insert.sql, insert.params)
+                delete = next(fast.drop("a", "owner", cursor.lastrowid))
+                await cursor.execute(delete.sql, delete.params)
             return cycles / (time.perf_counter() - started)
     finally:
         conn.close()
@@ -149,13 +179,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for driver in drivers:
                 rate = await floor(server.port, server.database, args.cycles, driver)
                 cycles.setdefault((driver, "floor"), []).append(rate)
+                url = f"{server.url}?driver={driver}"
+                rate = await raw_table(url, server.port, server.database, args.cycles, driver)
+                cycles.setdefault((driver, "raw"), []).append(rate)
                 for strategy in STRATEGIES:
                     url = f"{server.url}?strategy={strategy}&driver={driver}"
                     rate = await uncontended(url, args.cycles)
                     cycles.setdefault((driver, strategy), []).append(rate)
         result: dict[str, Any] = {"drivers": drivers, "waiters": args.waiters}
         for driver in drivers:
-            per: dict[str, Any] = {"floor": statistics.median(cycles[(driver, "floor")])}
+            per: dict[str, Any] = {
+                "floor": statistics.median(cycles[(driver, "floor")]),
+                "raw": statistics.median(cycles[(driver, "raw")]),
+            }
             for strategy in STRATEGIES:
                 url = f"{server.url}?strategy={strategy}&driver={driver}"
                 gaps = await handoff(url, args.rounds)
@@ -180,6 +216,11 @@ def report(result: dict[str, Any]) -> list[str]:
     for driver in result["drivers"]:
         r = result[driver]
         lines.append(f"| {driver} | floor (INSERT + DELETE) | {r['floor']:,.0f} | 1.00 | |")
+        raw = r.get("raw")
+        if raw is not None:
+            lines.append(
+                f"| {driver} | table's statements, raw | {raw:,.0f} | {raw / r['floor']:.2f} | |"
+            )
         for strategy in STRATEGIES:
             s = r[strategy]
             lines.append(

@@ -5,7 +5,9 @@ port (``tests/servers.py``; fsync off unless ``--durable``).
 * A (uncontended): one task, one name, acquire+release cycles in slices of ``--a-seconds``,
   alternating with the floor: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` on one
   asyncpg connection.  The ratio to the floor is taken per round, its median reported.
-  ``strategy=table`` runs in the same rounds (recorded, no target).
+  ``strategy=table`` runs in the same rounds (recorded, no target), and so does the raw
+  bound: the cheapest cycle any fenced advisory lock can have (the try-lock and a bump of a
+  counter row in one statement, then the unlock: raw SQL, no owner written, no library).
 * B (hand-off gap): ``--b-clients`` clients (one task each, so the lock passes between
   sessions, not between the tasks of one client) take turns on one name holding it 1 ms;
   the gap is from the holder's release call to the next holder's grant, when that is another
@@ -56,6 +58,35 @@ async def _floor(url: str, seconds: float) -> float:
         await conn.close()
 
 
+#: The least any fenced advisory lock must send: the try-lock and, when taken, a bump of the
+#: key's counter row in the same statement (an UPDATE of a row that exists: no owner written,
+#: no line of waiters looked at), then the unlock.  Raw SQL on one connection, no library.
+_BOUND_TABLE = "bench_bound_tokens"
+_BOUND_TAKE = (
+    "WITH got AS (SELECT pg_try_advisory_lock($1::bigint) AS ok) "
+    f"UPDATE {_BOUND_TABLE} c SET token = c.token + 1 FROM got "
+    "WHERE got.ok AND c.key = $1::bigint RETURNING c.token"
+)
+
+
+async def _bound(url: str, seconds: float) -> float:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {_BOUND_TABLE} (key bigint PRIMARY KEY, token bigint)"
+            " WITH (fillfactor = 50)"
+        )
+        await conn.execute(f"INSERT INTO {_BOUND_TABLE} VALUES ($1, 0) ON CONFLICT DO NOTHING", KEY)
+        n, end = 0, perf() + seconds
+        while perf() < end:
+            assert await conn.fetchval(_BOUND_TAKE, KEY)
+            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
+            n += 1
+        return n / seconds
+    finally:
+        await conn.close()
+
+
 async def _aiodlock(client: aiodlock.Client, seconds: float) -> float:
     lock = client.lock("a")
     n, end = 0, perf() + seconds
@@ -67,7 +98,7 @@ async def _aiodlock(client: aiodlock.Client, seconds: float) -> float:
 
 
 async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
-    ratios, floor, ours, table, table_ratios = [], [], [], [], []
+    ratios, floor, ours, table, table_ratios, bound_ratios = [], [], [], [], [], []
     namespace = f"a{uuid.uuid4().hex[:8]}"
     async with (
         aiodlock.connect(url, namespace=namespace) as client,
@@ -82,6 +113,7 @@ async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
                 ("floor", lambda: _floor(url, seconds)),
                 ("advisory", lambda: _aiodlock(client, seconds)),
                 ("table", lambda: _aiodlock(rows, seconds)),
+                ("bound", lambda: _bound(url, seconds)),
             ]
             shift = i % len(runs)
             got = {name: await run() for name, run in runs[shift:] + runs[:shift]}
@@ -91,9 +123,10 @@ async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
             table.append(t)
             ratios.append(b / a)
             table_ratios.append(t / a)
+            bound_ratios.append(got["bound"] / a)
             log(
                 f"A round {i + 1}: floor {a:.0f}/s, advisory {b:.0f}/s (ratio {b / a:.2f}), "
-                f"table {t:.0f}/s (ratio {t / a:.2f})"
+                f"table {t:.0f}/s (ratio {t / a:.2f}), raw bound {got['bound']:.0f}/s"
             )
     return {
         "floor": floor,
@@ -101,6 +134,7 @@ async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
         "ratio_median": statistics.median(ratios),
         "table": table,
         "table_ratio_median": statistics.median(table_ratios),
+        "bound_ratio_median": statistics.median(bound_ratios),
     }
 
 
@@ -256,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {text}: {value:.3g}")
     print(f"polling loop: hand-off gap p50 {result['B']['polling']['p50_ms']:.1f} ms, "
           f"p99 {result['B']['polling']['p99_ms']:.1f} ms")  # fmt: skip
+    print(f"raw bound (try-lock + counter-row bump, unlock; raw SQL, no library): "
+          f"{a['bound_ratio_median']:.2f}x the floor")  # fmt: skip
     t, wt = result["B"]["table"], result["W_table"]
     print(f"strategy=table (no target): uncontended {statistics.median(a['table']):.0f}/s "
           f"({a['table_ratio_median']:.2f}x the floor), hand-off gap p50 {t['p50_ms']:.1f} ms, "

@@ -17,6 +17,7 @@ def test_the_quick_run_reports_every_strategy_and_target(
     for strategy in mysql.STRATEGIES:
         assert f"| {strategy} |" in out
     assert "20 served" in out
+    assert out.count("| table's statements, raw |") == 2  # (one row per driver)
     for driver in ("aiomysql", "asyncmy"):  # (both by default): four targets each
         assert out.count(f"- {driver}: ") == 4, driver
     assert out.count(": PASS") + out.count(": FAIL") == 8
