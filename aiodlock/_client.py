@@ -32,6 +32,7 @@ from ._hold import Hold, OnLost
 from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
+from ._retry import Guaranteed
 from ._types import Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
@@ -49,6 +50,7 @@ log = logging.getLogger("aiodlock")
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _UNRELEASED = "unless the server did it, the lock stays held until its lease ends"
+_CLEANUP = "clean-up of an interrupted acquire"
 
 
 def default_url() -> str:
@@ -129,6 +131,10 @@ class Client:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observers: list[Observer] = []
+        #: (name, owner) -> the clean-up of an interrupted acquire that could not be done in
+        #: time (the server did not answer): done in the background while the client is
+        #: open, and before that owner asks for that name again.
+        self._cleanups = Guaranteed(_CLEANUP)
 
     @property
     def backend(self) -> Backend:
@@ -203,6 +209,8 @@ class Client:
                 await self._server_release(hold)
             await self._releasing.drained(self._config.op_timeout)
             await self._watchdog.stop()
+            await self._cleanups.aclose()  # (what is left there ends with its lease)
+            self._cleanups = Guaranteed(_CLEANUP)  # (a reopened client may be in another loop)
             self._local.clear()
             for task in list(self._tasks):
                 task.cancel()
@@ -362,6 +370,10 @@ class Client:
             await asyncio.wait([claim])
         if self._state != "open":
             await self._ensure_open()
+        if self._cleanups:
+            # What an earlier, interrupted acquire of this owner may have left goes first: a
+            # clean-up done later could take away what this one gets.
+            await self._cleanups.settle((name, owner))
         if key is not None:
             self._claims[(name, owner)] = asyncio.get_running_loop().create_future()
         backend = self._backend
@@ -426,12 +438,18 @@ class Client:
     async def _abandon(self, request: Request) -> None:
         if self._state == "closed":
             return  # (close() waits for the acquires in flight: a late one finds nothing)
+        backend = self._backend
+        failure: object = "no answer in time"
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout * 2):
             try:
-                await self._backend.abandon(request)
-            except Exception:
-                msg = "aiodlock: could not clean up an interrupted acquire of %r; the server "
-                log.warning(msg + "lets it expire with its lease", request.name, exc_info=True)
+                await backend.abandon(request)
+                return
+            except Exception as exc:
+                failure = exc
+        msg = "aiodlock: could not clean up an interrupted acquire of %r (%s); trying again "
+        msg += "in the background (while the client is open: else its lease ends it)"
+        log.warning(msg, request.name, failure)
+        self._cleanups.later((request.name, request.owner), lambda: backend.abandon(request))
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         """A task that used this client ended: release what it still holds (a bug of the

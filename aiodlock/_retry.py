@@ -123,6 +123,8 @@ class Guaranteed:
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._kicked = asyncio.Event()
+        #: key -> done when the background's run of its action ends
+        self._running: dict[Hashable, asyncio.Future[None]] = {}
         self.closed = False
 
     def __len__(self) -> int:
@@ -159,6 +161,20 @@ class Guaranteed:
         else:
             self._kicked.set()
         return True
+
+    async def settle(self, key: Hashable) -> None:
+        """Before whatever ``key`` stands for is used again: run its kept action now (after
+        the background's run of it under way, if that one failed); it raises the action's
+        error, and the action stays kept.  Nothing kept: returns at once."""
+        while key in self._pending:
+            running = self._running.get(key)
+            if running is not None:
+                await asyncio.wait([running])
+                continue
+            action = self._pending[key]
+            await action()
+            if self._pending.get(key) is action:
+                del self._pending[key]
 
     def kick(self) -> None:
         """The server is back (or may be): run what is kept now."""
@@ -204,6 +220,9 @@ class Guaranteed:
         """Run every kept action once; True when none failed."""
         ok = True
         for key, action in list(self._pending.items()):
+            if self._pending.get(key) is not action:
+                continue  # (settled meanwhile)
+            running = self._running[key] = asyncio.get_running_loop().create_future()
             try:
                 await action()
             except Exception as error:
@@ -216,5 +235,9 @@ class Guaranteed:
                         "aiodlock: %s %r failed; trying again", self.what, key, exc_info=True
                     )
                 continue
-            self._pending.pop(key, None)
+            finally:
+                del self._running[key]
+                running.set_result(None)
+            if self._pending.get(key) is action:
+                del self._pending[key]
         return ok

@@ -235,6 +235,56 @@ async def test_guaranteed_keeps_an_action_whose_caller_was_cancelled() -> None:
     await cleanup.aclose()
 
 
+async def test_settle_runs_a_kept_action_now_and_raises_its_failure() -> None:
+    cleanup = Guaranteed(pauses=(10.0, 10.0))  # (the background waits: settle runs it)
+    await cleanup.settle("nothing")  # (nothing kept: at once)
+    runs = 0
+
+    async def action() -> None:
+        nonlocal runs
+        runs += 1
+        if runs < 3:
+            raise transient()
+
+    assert cleanup.later("k", action)
+    async with asyncio.timeout(5):
+        while runs < 1:  # (the background's first run fails)
+            await asyncio.sleep(0.001)
+    with pytest.raises(BackendError):
+        await cleanup.settle("k")
+    assert "k" in cleanup  # (still kept)
+    await cleanup.settle("k")
+    assert runs == 3
+    assert "k" not in cleanup
+    await cleanup.aclose()
+
+
+async def test_settle_waits_for_the_backgrounds_run_under_way() -> None:
+    """A clean-up must not run on after settle() returned (it could undo what follows)."""
+    cleanup = Guaranteed(pauses=(0.001, 1.0))
+    started, finish = asyncio.Event(), asyncio.Event()
+    runs, done = 0, 0
+
+    async def action() -> None:
+        nonlocal runs, done
+        runs += 1
+        started.set()
+        await finish.wait()
+        done += 1
+
+    cleanup.later("k", action)
+    await started.wait()
+    settling = asyncio.create_task(cleanup.settle("k"))
+    await asyncio.sleep(0.01)
+    assert not settling.done()
+    finish.set()
+    async with asyncio.timeout(5):
+        await settling
+    assert (runs, done) == (1, 1)  # (not run a second time: the background's run succeeded)
+    assert "k" not in cleanup
+    await cleanup.aclose()
+
+
 async def test_later_keeps_one_action_per_key() -> None:
     cleanup = Guaranteed(pauses=(0.001, 1.0))
     gate = asyncio.Event()
