@@ -1,23 +1,26 @@
 """Layer 2: trying again after transient failures (a backend marks them when it translates
-them; it does not loop), and clean-up that must happen eventually."""
+them; it does not loop), clean-up that must happen eventually, and the record of server
+sessions in doubt that a clean-up must end first."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable
+from typing import Any, Generic, TypeVar
 
 from ._errors import BackendError
 from ._types import monotonic
 from ._wakeup import Backoff
 
-__all__ = ["Guaranteed", "Pauses", "ReadyWait", "RetryIf", "retrying"]
+__all__ = ["Guaranteed", "InDoubt", "Pauses", "ReadyWait", "RetryIf", "retrying"]
 
 log = logging.getLogger("aiodlock")
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Hashable)
 
 #: ``wait_ready(end)``: True once the backend can be asked again, False at ``end`` (monotonic;
 #: ``None``: no end) or if it never will (closed).
@@ -241,3 +244,46 @@ class Guaranteed:
             if self._pending.get(key) is action:
                 del self._pending[key]
         return ok
+
+
+class InDoubt(Generic[S]):
+    """The server sessions whose call was cut short (cancelled, timed out, its answer lost),
+    each with when it was noted.  Closing the connection does not stop the server: a
+    statement sent just before may still run, and commit, after a later clean-up has read
+    what it would change, and the clean-up would then miss it.  So a pool notes each such
+    session, and before a clean-up the backend ends them and waits until the server has (its
+    own protocol): each one's fate is then sealed.  At most ``keep`` are kept, the newest
+    (``None``: no bound)."""
+
+    __slots__ = ("_noted",)
+
+    def __init__(self, keep: int | None = None) -> None:
+        self._noted: collections.deque[tuple[S, float]] = collections.deque(maxlen=keep)
+
+    def __len__(self) -> int:
+        return len(self._noted)
+
+    def note(self, session: S) -> None:
+        """Keep ``session`` (the oldest one goes when there are ``keep`` already)."""
+        self._noted.append((session, monotonic()))
+
+    def recent(self, within: float | None = None) -> list[S]:
+        """The sessions noted in the last ``within`` seconds (``None``: all), oldest first."""
+        since = None if within is None else monotonic() - within
+        return [session for session, at in self._noted if since is None or at >= since]
+
+    def forget(self, sessions: Collection[S] | None = None) -> None:
+        """Forget ``sessions`` (``None``: all): their fate is sealed, or they are too old to
+        be told apart from a later session that got the same identity."""
+        if sessions is None:
+            self._noted.clear()
+        else:
+            gone = set(sessions)
+            kept = [(session, at) for session, at in self._noted if session not in gone]
+            self._noted = collections.deque(kept, maxlen=self._noted.maxlen)
+
+    def take(self, within: float | None = None) -> list[S]:
+        """:meth:`recent` ``(within)``, and forget every one (the older ones too)."""
+        sessions = self.recent(within)
+        self.forget()
+        return sessions

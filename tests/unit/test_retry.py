@@ -1,4 +1,5 @@
-"""The core's retry helpers (aiodlock._retry), on no server: coroutines that fail N times."""
+"""The core's retry helpers (aiodlock._retry), on no server: coroutines that fail N times;
+and its record of sessions in doubt."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from aiodlock import BackendError, BackendTimeout
-from aiodlock._retry import Guaranteed, Pauses, retrying
+from aiodlock._retry import Guaranteed, InDoubt, Pauses, retrying
 
 
 def transient(text: str = "down") -> BackendError:
@@ -413,3 +414,45 @@ async def test_spawned_tasks_are_forgotten_when_done() -> None:
     await cleanup.aclose()
     assert task.done()
     assert not task.cancelled()
+
+
+# -- InDoubt -----------------------------------------------------------------------------------
+
+
+def test_in_doubt_keeps_the_newest_sessions_in_the_order_noted() -> None:
+    bounded: InDoubt[int] = InDoubt(keep=3)
+    assert not bounded
+    for session in range(1, 6):
+        bounded.note(session)
+    assert len(bounded) == 3
+    assert bounded.recent() == [3, 4, 5]  # (the oldest went)
+    unbounded: InDoubt[int] = InDoubt()
+    for session in range(100):
+        unbounded.note(session)
+    assert unbounded.recent() == list(range(100))
+
+
+async def test_in_doubt_gives_the_recent_ones_and_take_forgets_the_older_too() -> None:
+    doubt: InDoubt[str] = InDoubt()
+    doubt.note("old")
+    await asyncio.sleep(0.2)
+    doubt.note("new")
+    assert doubt.recent(0.1) == ["new"]
+    assert doubt.recent() == ["old", "new"]
+    assert doubt.take(0.1) == ["new"]
+    assert not doubt  # ("old" too: too old to be told apart from a later session)
+    assert doubt.take() == []
+
+
+def test_in_doubt_forgets_only_the_sessions_settled() -> None:
+    doubt: InDoubt[tuple[int, str]] = InDoubt(keep=2)
+    doubt.note((1, "a"))
+    settling = doubt.recent()
+    doubt.note((2, "b"))  # (noted while the first one was being ended)
+    doubt.forget(settling)
+    assert doubt.recent() == [(2, "b")]
+    doubt.note((3, "c"))
+    doubt.note((4, "d"))
+    assert doubt.recent() == [(3, "c"), (4, "d")]  # (still at most 2)
+    doubt.forget()
+    assert not doubt

@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
-from ..._retry import retrying
-from ..._types import monotonic
+from ..._retry import InDoubt, retrying
 from .._sql import Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
@@ -127,9 +126,9 @@ class ConnectionPool:
         self._is_closed = is_closed
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(size)
-        #: (server session, when) of connections closed as their call was cancelled (see
+        #: The server sessions of connections closed as their call was cancelled (see
         #: :meth:`settle`).
-        self._orphans: list[tuple[int, float]] = []
+        self._orphans: InDoubt[int] = InDoubt()
         self.closed = False
 
     def _give_back(
@@ -140,7 +139,7 @@ class ConnectionPool:
         sent may still run (as after a cancellation)."""
         if failure is not None:
             if unsure or isinstance(failure, asyncio.CancelledError):
-                self._orphans.append((conn.thread_id(), monotonic()))
+                self._orphans.note(conn.thread_id())
             conn.close()
         elif self.closed or self._is_closed(conn):
             conn.close()
@@ -212,9 +211,7 @@ class ConnectionPool:
         (rolling back what it had not committed); once the server lists none of them, each
         one's fate is sealed.  (Older ones are forgotten: a session number is reused after a
         restart of the server, and must never end a session of somebody else.)"""
-        since = monotonic() - within
-        sessions = [session for session, at in self._orphans if at >= since]
-        self._orphans = []
+        sessions = self._orphans.take(within)
         if not sessions:
             return
         listed = ", ".join(["%s"] * len(sessions))

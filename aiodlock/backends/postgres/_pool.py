@@ -15,11 +15,13 @@ import asyncio
 import datetime
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import asyncpg
 
 from ..._errors import BackendError
+from ..._retry import InDoubt, retrying
 from .._sql import Fetch, Script, run_script_async
 
 __all__ = ["Pool", "Session", "server_timeouts"]
@@ -102,58 +104,87 @@ class Session:
 
 
 class Pool:
-    """At most ``size`` sessions; an idle one is lent again, a failed one is terminated."""
+    """At most ``size`` sessions; an idle one is lent again, a failed one is terminated.
+    ``translate(what)``: the backend's one translation of asyncpg's errors."""
 
-    def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]], size: int) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
+        size: int,
+        translate: Callable[[str], AbstractContextManager[None]],
+    ) -> None:
         self._connect = connect
+        self._translate = translate
         self._idle: list[Session] = []
         self._slots = asyncio.Semaphore(size)
         self.closed = False
         #: Sessions whose call was cut short (cancelled, timed out, lost): what they were
-        #: doing may still commit on the server (see :meth:`settle`).
-        self.doubtful: list[Identity] = []
+        #: doing may still commit on the server (see :meth:`settle`); the last 64.
+        self.doubtful: InDoubt[Identity] = InDoubt(keep=64)
 
-    async def run(self, script: Callable[[], Script[T]], *, write: bool) -> T:
-        """``script()`` on a lent session; again on a new one when an idle session turned out
-        dead (the server restarted or ended it: nothing was written; every idle session goes
-        with it), and after a deadlock or a serialization failure (rolled back).  The caller
-        bounds the time."""
-        stale_ok = True
-        while True:
-            async with self._slots:
-                if self.closed:
-                    raise BackendError("postgres: the client is not open (or was closed)")
-                while self._idle:
-                    session = self._idle.pop()
-                    if not session.conn.is_closed():
-                        break
-                else:
-                    session = await Session.open(await self._connect())
-                    stale_ok = False  # (a new session that fails: no stale one to blame)
-                try:
-                    result = await session.run(script(), write=write)
-                except BaseException as exc:
-                    session.conn.terminate()
-                    if not isinstance(exc, asyncpg.PostgresError):  # (no answer: in doubt)
-                        self.doubtful = [*self.doubtful[-63:], session.identity]
-                    stale = stale_ok and isinstance(exc, _LOST) and not session.committing
-                    if stale:
-                        # (the server restarted or ended it: the other idle ones too, likely,
-                        # even if they do not know it yet)
-                        self._drop_idle()
-                    if stale or isinstance(exc, _AGAIN):
-                        stale_ok = False
-                        continue
-                    raise
-                self._give_back(session)
-                return result
+    async def run(self, script: Callable[[], Script[T]], *, write: bool, what: str = "call") -> T:
+        """``script()`` on a lent session, its errors translated; again (the core's
+        :func:`~aiodlock._retry.retrying`) on a new one when an idle session turned out dead
+        on the first attempt, before COMMIT was sent (the server restarted or ended it:
+        nothing was written; every idle session goes with it; once), and after a deadlock or
+        a serialization failure (rolled back by the server: until the caller's time is up).
+        The caller bounds the time."""
+        runs, stale = 0, False
+
+        async def attempt() -> T:
+            nonlocal runs, stale
+            runs += 1
+            session: Session | None = None
+            reused = False
+            try:
+                with self._translate(what):
+                    async with self._slots:
+                        if self.closed:
+                            raise BackendError("postgres: the client is not open (or was closed)")
+                        while self._idle and session is None:
+                            session = self._idle.pop()
+                            if session.conn.is_closed():
+                                session = None
+                        reused = session is not None
+                        if session is None:
+                            session = await Session.open(await self._connect())
+                        try:
+                            result = await session.run(script(), write=write)
+                        except BaseException as exc:
+                            session.conn.terminate()
+                            if not isinstance(exc, asyncpg.PostgresError):  # (no answer)
+                                self.doubtful.note(session.identity)
+                            raise
+                        self._give_back(session)
+                        return result
+            except BackendError as error:
+                # An idle session the server ended (a restart), on the first attempt only (a
+                # new session that fails: no stale one to blame): the other idle ones are
+                # likely gone too, even if they do not know it yet.
+                lost = isinstance(error.__cause__, _LOST)
+                stale = runs == 1 and reused and lost and not (session and session.committing)
+                if stale:
+                    self._drop_idle()
+                raise
+
+        def again(error: BackendError) -> bool:
+            return stale or isinstance(error.__cause__, _AGAIN)
+
+        try:
+            return await attempt()  # (the common case, without the retry loop's frame)
+        except BackendError as error:
+            if not again(error):
+                raise
+        return await retrying(
+            attempt, retry_if=again, what=f"postgres {what}", first=0.001, cap=0.05
+        )
 
     def settle(self) -> Script[None]:
         """End the sessions in doubt and wait until they are gone (before a clean-up: a
         statement still running there could otherwise commit AFTER the clean-up read)."""
-        doubtful, ms = list(self.doubtful), 1000
+        doubtful, ms = self.doubtful.recent(), 1000
         yield Fetch(SETTLE, ([d[0] for d in doubtful], [d[1] for d in doubtful], ms))
-        self.doubtful = [d for d in self.doubtful if d not in doubtful]
+        self.doubtful.forget(doubtful)
 
     def _give_back(self, session: Session) -> None:
         if self.closed:

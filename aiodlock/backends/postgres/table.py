@@ -109,9 +109,9 @@ class PostgresTableBackend(LockTableBackend):
         pool = self._pool
         if pool is None:
             raise BackendError("postgres: the client is not open (or was closed)")
-        with self.settings.translate(what):
+        with self.settings.translate(what):  # (the pool translates the rest; this: the timeout)
             async with asyncio.timeout(self.config.op_timeout):
-                return await pool.run(script, write=write)
+                return await pool.run(script, write=write, what=what)
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
         answer = await self._call(what, read, write=False) if read is not None else None
@@ -134,7 +134,9 @@ class PostgresTableBackend(LockTableBackend):
         if self._pool is not None:
             return
         timeouts = server_timeouts(self.config.op_timeout)
-        self._pool = Pool(lambda: self.settings.connect(**timeouts), self.pool_size)
+        self._pool = Pool(
+            lambda: self.settings.connect(**timeouts), self.pool_size, self.settings.translate
+        )
         self._listener = Listener(self.settings, self.channel, self._listeners)
         try:
             # (CREATE ... IF NOT EXISTS by two sessions at once: one of them may fail)

@@ -1,7 +1,7 @@
 """``strategy=table``: the lock table on a real PostgreSQL inside one process: exclusion and
 tokens, reentrancy, status, awkward names, FIFO for fair locks woken by NOTIFY (one wake-up
-per release: test_pg_locking.py, both strategies), cancellation at any point, the LISTEN
-session opened again (both strategies)."""
+per release: test_pg_locking.py, both strategies), cancellation at any point, idle sessions
+the server ended, the LISTEN session opened again (both strategies)."""
 
 from __future__ import annotations
 
@@ -318,6 +318,25 @@ async def test_a_call_cut_short_discards_its_connection(
 
 async def _zero(value: Awaitable[object]) -> bool:
     return await value == 0
+
+
+async def test_idle_sessions_the_server_ended_are_replaced_without_an_error(
+    client: aiodlock.Client, raw: RawFactory
+) -> None:
+    pool = table_of(client)._pool
+    assert pool is not None
+    conn = await raw()
+    end = "SELECT count(pg_terminate_backend(p)) FROM unnest($1::int[]) p"
+    for round in range(3):
+        async with client.lock("a"), client.lock("b"), client.lock("c"):
+            pass  # (idle sessions in the pool)
+        ended = {session.identity[0] for session in pool._idle}
+        assert await conn.fetchval(end, list(ended))
+        # At once: the client may not know yet, and run a statement on a dead session; it
+        # runs it again on a new one, and no idle session it ended is lent again.
+        async with client.lock(f"after-{round}", timeout=HANG):
+            pass
+        assert not ended & {session.identity[0] for session in pool._idle}
 
 
 @pytest.mark.parametrize("strategy", ["advisory", "table"])
