@@ -1,6 +1,7 @@
 """etcd benchmarks: aiodlock's ``etcd://`` against aetcd's Lock, on a fresh single member.
 
-* ``A``: uncontended acquire + release cycles/s of one task (interleaved rounds, median);
+* ``A``: uncontended acquire + release cycles/s of one task (interleaved rounds, median),
+  and the raw bound: the cycle's two transactions sent without the library;
 * ``B``: the hand-off gap between two clients (two leases, like two processes) taking turns
   on one name: from the holder's release call to the next holder's entry, p50 / p99;
 * ``wakeups``: N waiting clients queued on one name take it in turn; the attempts each makes
@@ -48,6 +49,33 @@ async def _aiodlock_cycles(url: str, seconds: float) -> float:
         while perf() - started < seconds:
             async with lock:
                 pass
+            n += 1
+        return n / (perf() - started)
+
+
+async def _raw_cycles(url: str, seconds: float) -> float:
+    """The two transactions of a cycle sent raw on aiodlock's own channel, no library: the
+    put of the key with the lease (if it is absent) with a read of the line's two newest
+    keys, then the delete if the key's create_revision is still the one granted."""
+    from aiodlock.backends.etcd import _kv as kv
+
+    async with aiodlock.connect(url, namespace=f"r{uuid.uuid4().hex[:6]}") as client:
+        backend = client.backend
+        assert isinstance(backend, EtcdBackend)
+        session = backend._io
+        lease = await session.current()
+        prefix = backend.keys.prefix("a")
+        key = prefix + b"raw"
+        take = kv.txn(
+            [kv.cmp_create(key, 0)],
+            [kv.put(key, b"owner", lease), kv.line(prefix, newest=True, limit=2)],
+            [kv.get(key, keys_only=True)],
+        )
+        n, started = 0, perf()
+        while perf() - started < seconds:
+            got = await session.kv.txn(take, 5.0)
+            drop = kv.txn([kv.cmp_create(key, got.revision)], [kv.delete(key)])
+            await session.kv.txn(drop, 5.0)
             n += 1
         return n / (perf() - started)
 
@@ -186,15 +214,23 @@ async def run(args: argparse.Namespace) -> int:
         rounds = 1 if args.quick else args.a_rounds
         ours: list[float] = []
         peer: list[float] = []
+        raw: list[float] = []
         for _ in range(rounds):  # interleaved, so a busy moment hurts both
             ours.append(await _aiodlock_cycles(url, seconds))
+            raw.append(await _raw_cycles(url, seconds))
             other = _aetcd_cycles(address, seconds)
             if other is not None:
                 peer.append(other)
         a_ours = statistics.median(ours)
+        a_raw = statistics.median(raw)
         a_peer = statistics.median(peer) if peer else None
         shown = "not installed" if a_peer is None else f"{a_peer:.0f}"
         log(f"A aiodlock {a_ours:.0f} cycles/s, aetcd {shown} (median of {rounds})")
+        if a_peer is not None:
+            log(
+                f"A raw bound (the two transactions, no library) {a_raw:.0f} cycles/s, "
+                f"{a_raw / a_peer:.2f}x aetcd; aiodlock {a_ours / a_peer:.2f}x"
+            )
         if args.etcdctl:
             log(f"A etcdctl lock {_etcdctl_cycles(server.client_url, 20):.0f} cycles/s")
         gaps = await _handoff(url, 30 if args.quick else args.turns)
@@ -219,7 +255,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {label}")
     if args.json:  # (read by benchmarks.suite)
         doc = {
-            "A": {"aiodlock": a_ours, "aetcd": a_peer},
+            "A": {"aiodlock": a_ours, "aetcd": a_peer, "raw": a_raw},
             "B": {"aiodlock": {"p50_ms": p50, "p99_ms": p99, "n": len(gaps)}},
             "wakeups_per_handoff": per,
             "missed": missed,

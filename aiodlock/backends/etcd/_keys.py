@@ -1,9 +1,14 @@
-"""The key layout: ``/{namespace}/locks/{escaped name}/{lease hex}/{escaped owner}/{nonce}``.
+"""The key layout: ``/{namespace}/locks/{escaped name}/{lease hex}``, and
+``{lease hex}.{slot}`` for the second and later waiters of one client on one name.
 
-etcd's concurrency Mutex names a waiter's key by its session's lease alone; here one client's
-lease carries every owner (task) of the client, so the owner completes the key, and a nonce
-per acquisition keeps a late clean-up of one acquisition off the next one's key.  Escaping is
-injective and keeps ``/`` out of a segment, so one lock's prefix never holds another's keys.
+As in etcd's concurrency Mutex, a waiter's key is named by its session's lease, so that a
+client uses the same key for every acquisition of a name (its owner is the key's value).
+A key that is made and deleted over and over costs the server nothing, where a new key per
+acquisition would leave a dead entry in etcd's index until the next compaction, for every
+range read of the lock's line to step over.  A client's tasks that wait for one name at the
+same time each take a slot of their own; a slot is taken again only once its key is known
+to be deleted.  Escaping is injective and keeps ``/`` out of a segment, so one lock's prefix
+never holds another's keys.
 """
 
 from __future__ import annotations
@@ -34,6 +39,6 @@ class Keys:
         """Every key of the lock ``name`` (its holder and its waiters) starts with this."""
         return f"{self.locks}{escape(name)}/".encode()
 
-    def key(self, name: str, lease: int, owner: str, nonce: str) -> bytes:
-        """The key of ``owner``'s acquisition ``nonce`` of ``name`` under ``lease``."""
-        return f"{self.locks}{escape(name)}/{lease:x}/{escape(owner)}/{nonce}".encode()
+    def key(self, prefix: bytes, lease: int, slot: int = 0) -> bytes:
+        """The key of slot ``slot`` of a client with ``lease`` in the line of ``prefix``."""
+        return prefix + (f"{lease:x}.{slot}" if slot else f"{lease:x}").encode()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 from typing import Any
 
 import grpc.aio
@@ -22,15 +21,15 @@ log = logging.getLogger("aiodlock.etcd")
 _DELETE = 1  # mvccpb.Event.DELETE
 
 
-async def deleted(client: Etcd3Client, key: bytes, seen: int, timeout: float) -> bool:
-    """Return once ``key`` is deleted after revision ``seen`` (True), or once the watch
-    cannot tell (False: compacted, cancelled by the server, failed).
+async def deleted(client: Etcd3Client, key: bytes, created: int, seen: int, timeout: float) -> bool:
+    """Return once ``key`` (made at revision ``created``) is deleted after revision ``seen``
+    (True), or once the watch cannot tell (False: compacted, cancelled by the server, failed).
 
     The watch starts at the current revision, not at ``seen + 1``: etcd serves a watch that
     starts in the past from a loop that catches up every 100 ms (a hand-off waited up to
     that long), a watch from now at once.  What happened between ``seen`` and the watch's
     creation is read instead: if the server had moved on, one look at the key tells
-    whether it is already gone (a key is never made again: its name has a nonce)."""
+    whether it is already gone (or made again since: a newer key, no longer the one)."""
     watch, kv = client.watch, client.kv
     if watch is None or kv is None:
         return False
@@ -41,7 +40,7 @@ async def deleted(client: Etcd3Client, key: bytes, seen: int, timeout: float) ->
             if reply.created:
                 if reply.header.revision > seen:
                     found = await kv.get(key, keys_only=True, timeout=timeout)
-                    if not found.kvs:
+                    if not found.kvs or found.kvs[0].create_revision != created:
                         return True
                 continue
             if any(event.type == _DELETE for event in reply.events):
@@ -59,9 +58,6 @@ class Place:
     or abandoned."""
 
     request: Request
-    #: This acquisition's own part of the key: a clean-up left to the background after a
-    #: lost reply can never delete a later acquisition's key by the same owner.
-    nonce: str = dataclasses.field(default_factory=lambda: secrets.token_hex(4))
     key: bytes = b""
     lease: int = 0
     revision: int = 0  # the key's create_revision (0: not known)
@@ -69,6 +65,7 @@ class Place:
     sent: float | None = None
     event: Wakeup = dataclasses.field(default_factory=Wakeup)
     ahead: bytes | None = None  # the key watched (the newest one older than ours)
+    ahead_created: int = 0  # (its create_revision)
     watch: asyncio.Task[None] | None = None
     call: grpc.aio.UnaryUnaryCall[Any, Any] | None = None  # the attempt's txn, until answered
 
@@ -85,20 +82,33 @@ class Place:
         self.sent = None
 
     def arm(
-        self, client: Etcd3Client, ahead: bytes, revision: int, sent: float, timeout: float
+        self,
+        client: Etcd3Client,
+        ahead: tuple[bytes, int],
+        revision: int,
+        sent: float,
+        timeout: float,
     ) -> None:
-        """Watch ``ahead`` for its deletion after ``revision`` (kept if it is watched already)."""
-        if self.ahead == ahead and self.watch is not None and not self.watch.done():
+        """Watch ``ahead`` (key, create_revision) for its deletion after ``revision`` (kept
+        if it is watched already)."""
+        key, created = ahead
+        if (
+            (self.ahead, self.ahead_created) == ahead
+            and self.watch is not None
+            and not self.watch.done()
+        ):
             return
         self.stop()
-        self.ahead, self.sent = ahead, sent
+        self.ahead, self.ahead_created, self.sent = key, created, sent
         self.watch = asyncio.get_running_loop().create_task(
-            self._watch(client, ahead, revision, timeout), name="aiodlock:etcd-watch"
+            self._watch(client, key, created, revision, timeout), name="aiodlock:etcd-watch"
         )
 
-    async def _watch(self, client: Etcd3Client, key: bytes, seen: int, timeout: float) -> None:
+    async def _watch(
+        self, client: Etcd3Client, key: bytes, created: int, seen: int, timeout: float
+    ) -> None:
         try:
-            await deleted(client, key, seen, timeout)
+            await deleted(client, key, created, seen, timeout)
         finally:
             if self.watch is asyncio.current_task():
                 self.watch = None

@@ -89,6 +89,9 @@ class EtcdBackend(Backend):
         self._cleanup: Guaranteed | None = None
         self._places: dict[tuple[str, str], Place] = {}
         self._grants: dict[bytes, Grant] = {}
+        #: The keys of this client's places and grants, and of deletes not yet done: a slot
+        #: (see :mod:`._keys`) is taken again only once its key is known to be gone.
+        self._taken: set[bytes] = set()
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -129,6 +132,7 @@ class EtcdBackend(Backend):
             place.stop()
             place.event.set()
         self._places.clear()
+        self._taken.clear()
         if self._cleanup is not None:
             await self._cleanup.aclose()
         grants, self._grants = list(self._grants.values()), {}
@@ -145,12 +149,15 @@ class EtcdBackend(Backend):
         for grant in lost:
             del self._grants[grant.data.key]
             grant.data.stop()
+            self._free(grant.data.key)
         if lost and self._on_lost is not None:
             self._on_lost(lost, reason)
         for place in self._places.values():
             if place.lease == lease:
+                key = place.key
                 place.forget()
                 place.event.set()
+                self._free(key)
         session = self.session
         if session is not None and self._cleanup is not None:
             self._cleanup.later(("revoke", lease), lambda: session.revoke(lease))
@@ -172,12 +179,14 @@ class EtcdBackend(Backend):
         lease = await session.current()
         place.event = Wakeup()  # what this read sees needs no wake-up
         if place.lease and place.lease != lease:
+            gone = place.key
             place.forget()  # its key went with its lease
-        key = self.keys.key(request.name, lease, request.owner, place.nonce)
-        if place.key != key:
-            place.key, place.lease, place.revision = key, lease, 0
-        known = place.revision
+            self._free(gone)
         prefix = self.keys.prefix(request.name)
+        if not place.key:
+            place.key, place.lease, place.revision = self._take_key(prefix, lease), lease, 0
+        key = place.key
+        known = place.revision
         put = kv.put(key, request.owner.encode("utf-8", "surrogatepass"), lease)
         mine = kv.get(key, keys_only=True)
         if will_wait:
@@ -200,16 +209,18 @@ class EtcdBackend(Backend):
             await kv.answered(call)
             reply = await call
         place.call = None
-        ahead: bytes | None = None
+        ahead: tuple[bytes, int] | None = None
         seen = reply.revision
         if reply.succeeded:
             revision = place.revision = reply.revision  # (the put's revision)
             if will_wait:
-                ahead = next((x.key for x in reply.range(1).kvs if x.key != key), None)
+                older = [x for x in reply.range(1).kvs if x.key != key]
+                ahead = (older[0].key, older[0].create_revision) if older else None
         else:
             found = reply.range(0).kvs
             if not found:
                 del self._places[ident]
+                self._free(key)
                 return Busy(None)  # a try-lock on a taken lock: nothing was put
             revision = place.revision = found[0].create_revision
             if not will_wait:
@@ -220,7 +231,7 @@ class EtcdBackend(Backend):
                     return Busy(None)
             elif known == revision:
                 older = reply.range(1).kvs
-                ahead = older[0].key if older else None
+                ahead = (older[0].key, older[0].create_revision) if older else None
             else:  # (the put of an attempt whose answer was lost: look, then ask again)
                 with self._lease_errors(lease, "acquire"):
                     ahead, seen = await self._before(prefix, revision)
@@ -255,7 +266,8 @@ class EtcdBackend(Backend):
         held: Held = grant.data
         session = self._io
         for _ in range(OWN_WATCH_TRIES):
-            if await deleted(session.io, held.key, revision, self.config.op_timeout):
+            gone = deleted(session.io, held.key, held.revision, revision, self.config.op_timeout)
+            if await gone:
                 break
             # The watch could not tell (compacted past its start, refused, failed): look.
             try:
@@ -272,15 +284,32 @@ class EtcdBackend(Backend):
         if self._grants.get(held.key) is grant and held.lease == session.lease:
             del self._grants[held.key]
             held.watch = None
+            self._free(held.key)
             if self._on_lost is not None:
                 self._on_lost([grant], "the lock key was deleted by someone else")
 
-    async def _before(self, prefix: bytes, revision: int) -> tuple[bytes | None, int]:
-        """The newest key of the line created before ``revision`` now, and the revision read
-        at (a waiter's watch looks at what changed since)."""
+    async def _before(self, prefix: bytes, revision: int) -> tuple[tuple[bytes, int] | None, int]:
+        """The newest key of the line created before ``revision`` now (and its
+        create_revision), and the revision read at (a waiter's watch looks at what changed
+        since)."""
         reply = await self._txn([], [kv.line(prefix, newest=True, below=revision - 1)])
         kvs = reply.range(0).kvs
-        return (kvs[0].key if kvs else None), reply.revision
+        return ((kvs[0].key, kvs[0].create_revision) if kvs else None), reply.revision
+
+    def _take_key(self, prefix: bytes, lease: int) -> bytes:
+        """The key of this client's first free slot in the line of ``prefix``."""
+        slot = 0
+        while (key := self.keys.key(prefix, lease, slot)) in self._taken:
+            slot += 1
+        self._taken.add(key)
+        return key
+
+    def _free(self, key: bytes) -> None:
+        """``key`` is gone (deleted, or never put, or gone with its lease): its slot may be
+        taken again, unless a grant or a place of this client still has it."""
+        if key in self._grants or any(p.key == key for p in self._places.values()):
+            return
+        self._taken.discard(key)
 
     async def _txn(self, compare: list[bytes], success: list[bytes]) -> kv.Txn:
         reply: kv.Txn = await self._io.kv.txn(kv.txn(compare, success), self.config.op_timeout)
@@ -324,6 +353,7 @@ class EtcdBackend(Backend):
             compare = [kv.cmp_create(key, revision)] if revision else []
             with session.translate(what):
                 reply = await self._txn(compare, [kv.delete(key)])
+            self._free(key)
             return bool(reply.succeeded and reply.responses[0])
 
         until = monotonic() + self.config.op_timeout

@@ -27,10 +27,10 @@ async def test_key_layout_lease_and_create_revision_token(
     async with client.lock("orders:42") as lease:
         assert backend.session is not None
         [key] = await keys(raw, prefix)
-        nonce = key.rpartition(b"/")[2].decode()
-        assert len(nonce) == 8  # one per acquisition
-        assert key == backend.keys.key("orders:42", backend.session.lease, lease.owner, nonce)
-        assert key.startswith(f"/{client.config.namespace}/locks/orders:42/".encode())
+        assert (
+            key == f"/{client.config.namespace}/locks/orders:42/{backend.session.lease:x}".encode()
+        )
+        assert key == backend.keys.key(prefix, backend.session.lease)
         assert raw.kv is not None
         [kv] = (await raw.kv.get(key)).kvs
         assert lease.token == kv.create_revision
@@ -263,4 +263,41 @@ async def test_a_waiter_whose_lease_was_revoked_queues_again(
     await a.lock("requeue").release()
     await asyncio.wait_for(waiter, HANG)
     [key] = held
-    assert key.startswith(prefix + f"{backend.session.lease:x}/".encode())
+    assert key == backend.keys.key(prefix, backend.session.lease)  # (the new lease's key)
+
+
+async def test_a_client_uses_its_lease_key_again_and_a_slot_per_concurrent_waiter(
+    make_client: ClientFactory, raw: Etcd3Client
+) -> None:
+    """A key made and deleted again and again costs the server nothing (a new key per
+    acquisition would leave dead entries in its index for every read of the line): every
+    acquisition of the client uses the same key, with a new create revision (the token);
+    its tasks that wait at once each have a slot of their own."""
+    client = await make_client()
+    backend = backend_of(client)
+    prefix = backend.keys.prefix("slots")
+    assert backend.session is not None
+    first = backend.keys.key(prefix, backend.session.lease)
+    tokens = []
+    for _ in range(3):
+        async with client.lock("slots") as lease:
+            assert await keys(raw, prefix) == [first]
+            tokens.append(lease.token)
+    assert tokens == sorted(set(tokens))
+    other = await make_client()
+    await other.lock("slots").acquire()
+    seen: list[list[bytes]] = []
+
+    async def wait() -> None:
+        async with client.lock("slots", timeout=HANG):
+            seen.append(await keys(raw, prefix))
+
+    waiters = [asyncio.create_task(wait()) for _ in range(2)]
+    await eventually(lambda: _waiting(other, "slots", 2))
+    line = await keys(raw, prefix)
+    assert sorted(line[1:]) == [first, backend.keys.key(prefix, backend.session.lease, 1)]
+    await other.lock("slots").release()
+    await asyncio.wait_for(asyncio.gather(*waiters), HANG)
+    assert await keys(raw, prefix) == []
+    async with client.lock("slots"):  # (both slots are free again: the first is taken)
+        assert await keys(raw, prefix) == [first]
