@@ -30,14 +30,23 @@ def unescape(segment: str) -> str:
 class Keys:
     """The keys of one namespace."""
 
-    __slots__ = ("locks",)
+    __slots__ = ("_prefixes", "locks")
+
+    #: How many names' prefixes are kept (a lock is mostly taken again and again).
+    cached = 4096
 
     def __init__(self, namespace: str) -> None:
         self.locks = f"/{escape(namespace)}/locks/"
+        self._prefixes: dict[str, bytes] = {}
 
     def prefix(self, name: str) -> bytes:
         """Every key of the lock ``name`` (its holder and its waiters) starts with this."""
-        return f"{self.locks}{escape(name)}/".encode()
+        prefix = self._prefixes.get(name)
+        if prefix is None:
+            if len(self._prefixes) >= self.cached:
+                self._prefixes.clear()
+            prefix = self._prefixes[name] = f"{self.locks}{escape(name)}/".encode()
+        return prefix
 
     def key(self, prefix: bytes, lease: int, slot: int = 0) -> bytes:
         """The key of slot ``slot`` of a client with ``lease`` in the line of ``prefix``."""

@@ -16,6 +16,7 @@ Requests are built with :func:`txn` from :func:`cmp_create`, :func:`put`, :func:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "delete",
     "get",
     "line",
+    "newest_two",
     "prefix_end",
     "put",
     "txn",
@@ -122,6 +124,12 @@ def line(prefix: bytes, *, newest: bool = False, limit: int = 1, below: int = 0)
     order = DESCEND if newest else ASCEND
     end = prefix_end(prefix)
     return get(prefix, range_end=end, limit=limit, order=order, keys_only=True, below=below)
+
+
+@functools.lru_cache(maxsize=4096)
+def newest_two(prefix: bytes) -> bytes:
+    """RequestOp: the two newest keys of a lock's line (kept per prefix: asked every time)."""
+    return line(prefix, newest=True, limit=2)
 
 
 def txn(compare: Sequence[bytes], success: Sequence[bytes], failure: Sequence[bytes] = ()) -> bytes:

@@ -164,13 +164,9 @@ class EtcdBackend(Backend):
 
     # -- acquiring -------------------------------------------------------------------------------
 
-    async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        try:
-            return await self._attempt(request, will_wait)
-        except LeaseGone:  # found out by this attempt: the next one puts on a fresh lease
-            return await self._attempt(request, will_wait)
-
-    async def _attempt(self, request: Request, will_wait: bool) -> Grant | Busy:
+    async def try_acquire(
+        self, request: Request, *, will_wait: bool, again: bool = True
+    ) -> Grant | Busy:
         session = self._io
         ident = (request.name, request.owner)
         place = self._places.get(ident)
@@ -192,7 +188,7 @@ class EtcdBackend(Backend):
         if will_wait:
             # A key just put is the newest: the two newest are mine and the one ahead, if any.
             compare = [kv.cmp_create(key, 0)]
-            success = [put, kv.line(prefix, newest=True, limit=2)]
+            success = [put, kv.newest_two(prefix)]
             failure = [mine, kv.line(prefix, newest=True, below=known - 1)] if known else [mine]
         else:  # a try-lock puts its key only into an empty line
             end = kv.prefix_end(prefix)
@@ -205,9 +201,15 @@ class EtcdBackend(Backend):
         call = place.call = session.kv.txn(
             kv.txn(compare, success, failure), self.config.op_timeout
         )
-        with self._lease_errors(lease, "acquire"):
-            await kv.answered(call)
-            reply = await call
+        try:
+            with self._lease_errors(lease, "acquire"):
+                await kv.answered(call)
+                reply = await call
+        except LeaseGone:
+            if not again:
+                raise
+            # Found out by this attempt: the next one puts on a fresh lease.
+            return await self.try_acquire(request, will_wait=will_wait, again=False)
         place.call = None
         ahead: tuple[bytes, int] | None = None
         seen = reply.revision
@@ -352,11 +354,21 @@ class EtcdBackend(Backend):
         async def delete() -> bool:
             compare = [kv.cmp_create(key, revision)] if revision else []
             with session.translate(what):
-                reply = await self._txn(compare, [kv.delete(key)])
+                call = session.kv.txn(kv.txn(compare, [kv.delete(key)]), self.config.op_timeout)
+                reply: kv.Txn = await call
             self._free(key)
             return bool(reply.succeeded and reply.responses[0])
 
         until = monotonic() + self.config.op_timeout
+        try:  # (the common case, without the retry loop's frames)
+            return await delete()
+        except asyncio.CancelledError:
+            self._cleanup.later((key, revision), delete)
+            raise
+        except Exception:
+            if monotonic() >= until:
+                self._cleanup.later((key, revision), delete)
+                raise
         return await self._cleanup.run((key, revision), delete, until=until)
 
     async def abandon(self, request: Request) -> None:
