@@ -371,9 +371,10 @@ class Client:
         if self._state != "open":
             await self._ensure_open()
         if self._cleanups:
-            # What an earlier, interrupted acquire of this owner may have left goes first: a
-            # clean-up done later could take away what this one gets.
-            await self._cleanups.settle((name, owner))
+            # The clean-up kept for an earlier, interrupted acquire of this owner: done later,
+            # it could take away what this one gets; this acquire takes over what that one
+            # may have left (an owner's own leftover is its own to take again or release).
+            await self._cleanups.forget((name, owner))
         if key is not None:
             self._claims[(name, owner)] = asyncio.get_running_loop().create_future()
         backend = self._backend

@@ -165,19 +165,13 @@ class Guaranteed:
             self._kicked.set()
         return True
 
-    async def settle(self, key: Hashable) -> None:
-        """Before whatever ``key`` stands for is used again: run its kept action now (after
-        the background's run of it under way, if that one failed); it raises the action's
-        error, and the action stays kept.  Nothing kept: returns at once."""
-        while key in self._pending:
-            running = self._running.get(key)
-            if running is not None:
-                await asyncio.wait([running])
-                continue
-            action = self._pending[key]
-            await action()
-            if self._pending.get(key) is action:
-                del self._pending[key]
+    async def forget(self, key: Hashable) -> None:
+        """Whatever ``key`` stands for is about to be used again: drop its kept action (once
+        the background's run of it under way, if any, has ended: it must not run on after
+        this returns, it could undo what follows)."""
+        while (running := self._running.get(key)) is not None:
+            await asyncio.wait([running])
+        self._pending.pop(key, None)
 
     def kick(self) -> None:
         """The server is back (or may be): run what is kept now."""

@@ -236,32 +236,28 @@ async def test_guaranteed_keeps_an_action_whose_caller_was_cancelled() -> None:
     await cleanup.aclose()
 
 
-async def test_settle_runs_a_kept_action_now_and_raises_its_failure() -> None:
-    cleanup = Guaranteed(pauses=(10.0, 10.0))  # (the background waits: settle runs it)
-    await cleanup.settle("nothing")  # (nothing kept: at once)
+async def test_forget_drops_a_kept_action() -> None:
+    cleanup = Guaranteed(pauses=(10.0, 10.0))  # (the background waits after its first run)
+    await cleanup.forget("nothing")  # (nothing kept: at once)
     runs = 0
 
     async def action() -> None:
         nonlocal runs
         runs += 1
-        if runs < 3:
-            raise transient()
+        raise transient()
 
     assert cleanup.later("k", action)
     async with asyncio.timeout(5):
         while runs < 1:  # (the background's first run fails)
             await asyncio.sleep(0.001)
-    with pytest.raises(BackendError):
-        await cleanup.settle("k")
-    assert "k" in cleanup  # (still kept)
-    await cleanup.settle("k")
-    assert runs == 3
+    await cleanup.forget("k")
     assert "k" not in cleanup
+    assert runs == 1  # (not run again)
     await cleanup.aclose()
 
 
-async def test_settle_waits_for_the_backgrounds_run_under_way() -> None:
-    """A clean-up must not run on after settle() returned (it could undo what follows)."""
+async def test_forget_waits_for_the_backgrounds_run_under_way() -> None:
+    """A clean-up must not run on after forget() returned (it could undo what follows)."""
     cleanup = Guaranteed(pauses=(0.001, 1.0))
     started, finish = asyncio.Event(), asyncio.Event()
     runs, done = 0, 0
@@ -272,17 +268,20 @@ async def test_settle_waits_for_the_backgrounds_run_under_way() -> None:
         started.set()
         await finish.wait()
         done += 1
+        raise transient()  # (it failed: yet it is not run again)
 
     cleanup.later("k", action)
     await started.wait()
-    settling = asyncio.create_task(cleanup.settle("k"))
+    forgetting = asyncio.create_task(cleanup.forget("k"))
     await asyncio.sleep(0.01)
-    assert not settling.done()
+    assert not forgetting.done()
     finish.set()
     async with asyncio.timeout(5):
-        await settling
-    assert (runs, done) == (1, 1)  # (not run a second time: the background's run succeeded)
+        await forgetting
+    assert (runs, done) == (1, 1)
     assert "k" not in cleanup
+    await asyncio.sleep(0.02)
+    assert runs == 1
     await cleanup.aclose()
 
 
