@@ -176,10 +176,16 @@ async def test_the_longest_namespace_has_a_valid_channel(
     a = await make_client(namespace=namespace, poll_interval=HANG)
     b = await make_client(namespace=namespace, poll_interval=HANG)
     conn = await raw()
+    key = backend_of(b).key("n")
     async with a.lock("n"):
         assert await b.lock("n").try_acquire() is None
         waiter = asyncio.create_task(_take(b, "n"))
-        await eventually(lambda: _lined_up(conn, b, backend_of(b).key("n"), 1))
+        await eventually(lambda: _lined_up(conn, b, key, 1))
+        # (the waiter turns urgent 10 ms into its wait, with an attempt of its own: made
+        # just as the lock is released, it takes the lock unwoken; release after it)
+        table = f"{backend_of(b).table}_waiters"
+        marked = f'SELECT count(*) FROM "{table}" WHERE key = $1 AND urgent_since IS NOT NULL'
+        await eventually(lambda: _fetch_is(conn, marked, key, 1), what="the waiter urgent")
     await asyncio.wait_for(waiter, HANG)
     assert backend_of(b).listener.woke == 1
 
