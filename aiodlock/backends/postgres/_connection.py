@@ -196,9 +196,19 @@ class Listener:
     line has urgent rows (the advisory strategy's), which a passed-on call serves first."""
 
     def __init__(
-        self, settings: Settings, channel: str, waiters: str, *, urgent: bool = False
+        self,
+        settings: Settings,
+        channel: str,
+        waiters: str,
+        *,
+        urgent: bool = False,
+        holds: Callable[[int], bool] | None = None,
     ) -> None:
         self._settings = settings
+        #: ``holds(key)``: this client holds the key (given: a call for a key this client
+        #: neither waits for nor holds is passed on, see :meth:`_notified`).
+        self._holds = holds
+        self._forwards: set[asyncio.Task[None]] = set()
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
         self._join = sql.join_line(waiters)
@@ -324,6 +334,29 @@ class Listener:
         key, _, owner = payload.partition(" ")
         if self.board.wake_tagged(key, owner) if owner else self.board.wake_one(key):
             self.woke += 1
+        elif (
+            self._holds is not None
+            and not owner
+            and not self.closed
+            and not self.board.count(key)
+            and not self._holds(int(key))
+        ):
+            # A call for a key this client no longer waits for (its waiter left, or is
+            # leaving, as the call was on its way: e.g. another client's attempt, barred by
+            # this client's place in line, found the lock free and called it): the next
+            # client in line must not lose it.  (One that holds the key calls the next itself.)
+            task = asyncio.get_running_loop().create_task(self._forward(int(key)))
+            self._forwards.add(task)
+            task.add_done_callback(self._forwards.discard)
+
+    async def _forward(self, key: int) -> None:
+        with contextlib.suppress(Exception):
+            async with self._mutex:
+                conn = self.conn
+                if conn is None or self.closed or self.board.count(str(key)):
+                    return  # (a waiter came back: the call is its own)
+                self.joined.pop(key, None)  # (pass_on deletes the row, if it is still there)
+                await self._call(conn, conn.execute(self._pass_on, key, self.channel))
 
     def _terminated(self, conn: Any) -> None:
         if conn is self.conn:
@@ -354,6 +387,8 @@ class Listener:
     async def close(self) -> None:
         self.closed = True
         self._relisten.stop()
+        for task in list(self._forwards):
+            task.cancel()
         conn, self.conn = self.conn, None
         self.joined.clear()
         if conn is not None:

@@ -134,7 +134,13 @@ class PostgresBackend(Backend):
         self._on_lost = on_lost
         op = self.config.op_timeout
         self._holder = Holder(self._connect, op, self._ended, lambda: bool(self._held))
-        self._listener = Listener(self.settings, self.channel, self._waiters, urgent=True)
+        self._listener = Listener(
+            self.settings,
+            self.channel,
+            self._waiters,
+            urgent=True,
+            holds=lambda key: key in self._held,
+        )
         try:
             async with self.holder.session() as conn:
                 assert conn is not None

@@ -256,3 +256,37 @@ async def test_a_called_client_that_leaves_calls_the_next_one(
     assert gone.cancelled()
     assert backend_of(second).listener.woke == 1
     assert await line(conn, holder, key) == []
+
+
+async def test_a_call_heard_after_the_waiter_left_goes_to_the_next_client(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    """A call can reach a client whose waiter has just left the line (another client's
+    attempt, barred by its place, found the lock free and called it): the client passes it
+    on to the next in line instead of dropping it (that one would sleep until its poll)."""
+    conn = await raw()
+    holder = await make_client()
+    first = await make_client(poll_interval=HANG)
+    second = await make_client(poll_interval=HANG)
+    key = backend_of(holder).key("fwd")
+    await holder.lock("fwd").acquire()
+    gone = asyncio.create_task(_take(first, "fwd"))
+    await eventually(lambda: _lined_up(conn, holder, key, 1))
+    taker = asyncio.create_task(_take(second, "fwd"))
+    await eventually(lambda: _lined_up(conn, holder, key, 2))
+    table = f"{backend_of(holder).table}_waiters"
+    marked = f'SELECT count(*) FROM "{table}" WHERE key = $1 AND urgent_since IS NOT NULL'
+    await eventually(lambda: _fetch_is(conn, marked, key, 2), what="both waiters urgent")
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    await eventually(lambda: _lined_up(conn, holder, key, 1), what="the first left the line")
+    listener = backend_of(first).listener
+    assert listener.conn is not None
+    own = f"{backend_of(first).channel}_{listener.conn.get_server_pid()}"
+    await conn.execute("SELECT pg_notify($1, $2)", own, str(key))  # (the late call)
+    await eventually(lambda: backend_of(second).listener.woke == 1, what="the call passed on")
+    assert listener.heard == 1
+    assert not taker.done()  # (it asked, and waits again: the holder still holds the lock)
+    await holder.lock("fwd").release()
+    await asyncio.wait_for(taker, HANG)
