@@ -55,8 +55,9 @@ async def _aiodlock_cycles(url: str, seconds: float) -> float:
 
 async def _raw_cycles(url: str, seconds: float) -> float:
     """The two transactions of a cycle sent raw on aiodlock's own channel, no library: the
-    put of the key with the lease (if it is absent) with a read of the line's two newest
-    keys, then the delete if the key's create_revision is still the one granted."""
+    put of the key with the lease if the line is empty (else, nested: the put if the key is
+    absent, with a read of the line's two newest keys), then the delete if the key's
+    create_revision is still the one granted."""
     from aiodlock.backends.etcd import _kv as kv
 
     async with aiodlock.connect(url, namespace=f"r{uuid.uuid4().hex[:6]}") as client:
@@ -66,11 +67,14 @@ async def _raw_cycles(url: str, seconds: float) -> float:
         lease = await session.current()
         prefix = backend.keys.prefix("a")
         key = prefix + b"raw"
-        take = kv.txn(
+        put = kv.put(key, b"owner", lease)
+        behind = kv.txn(
             [kv.cmp_create(key, 0)],
-            [kv.put(key, b"owner", lease), kv.line(prefix, newest=True, limit=2)],
+            [put, kv.newest_two(prefix)],
             [kv.get(key, keys_only=True)],
         )
+        empty = kv.cmp_create(prefix, 0, range_end=kv.prefix_end(prefix))
+        take = kv.txn([empty], [put], [kv.nested(behind)])
         n, started = 0, perf()
         while perf() - started < seconds:
             got = await session.kv.txn(take, 5.0)

@@ -32,8 +32,10 @@ __all__ = [
     "answered",
     "cmp_create",
     "delete",
+    "drop",
     "get",
     "line",
+    "nested",
     "newest_two",
     "prefix_end",
     "put",
@@ -132,6 +134,23 @@ def newest_two(prefix: bytes) -> bytes:
     return line(prefix, newest=True, limit=2)
 
 
+@functools.lru_cache(maxsize=4096)
+def _drop_parts(key: bytes) -> tuple[bytes, bytes]:
+    return _int(2, _CREATE) + _bytes(3, key) + _varint(5 << 3), _bytes(2, delete(key))
+
+
+def drop(key: bytes, revision: int) -> bytes:
+    """TxnRequest: delete ``key`` if its create_revision is ``revision`` (a release: its
+    parts are kept per key)."""
+    head, tail = _drop_parts(key)
+    return _bytes(1, head + _varint(revision)) + tail
+
+
+def nested(request: bytes) -> bytes:
+    """RequestOp: a transaction (built by :func:`txn`) inside a branch of another."""
+    return _bytes(4, request)
+
+
 def txn(compare: Sequence[bytes], success: Sequence[bytes], failure: Sequence[bytes] = ()) -> bytes:
     """TxnRequest: if every Compare holds, the ``success`` RequestOps, else ``failure``."""
     parts = [_bytes(1, c) for c in compare]
@@ -227,32 +246,51 @@ class Range:
 
 
 class Txn:
-    """A TxnResponse: the revision it was answered at, which branch ran, and per op a
-    :class:`Range` (a read), the number of keys deleted (a delete) or None (a put)."""
+    """A TxnResponse: the revision it was answered at, which branch ran, and per op (parsed
+    when first asked for: a lock mostly needs only the branch) a :class:`Range` (a read),
+    the number of keys deleted (a delete), a :class:`Txn` (a nested transaction: its
+    revision is 0) or None (a put)."""
 
-    __slots__ = ("responses", "revision", "succeeded")
+    __slots__ = ("_ops", "_responses", "revision", "succeeded")
 
     def __init__(self, data: bytes) -> None:
         self.revision = 0
         self.succeeded = False
-        self.responses: list[Range | int | None] = []
+        self._ops: list[bytes] = []
+        self._responses: list[Range | int | Txn | None] | None = None
         for field, v in _fields(data):
             if field == 1:
                 self.revision = next((x for f, x in _fields(v) if f == 3), 0)
             elif field == 2:
                 self.succeeded = bool(v)
             elif field == 3:
-                for kind, body in _fields(v):
+                self._ops.append(v)
+
+    @property
+    def responses(self) -> list[Range | int | Txn | None]:
+        responses = self._responses
+        if responses is None:
+            responses = self._responses = []
+            for op in self._ops:
+                for kind, body in _fields(op):
                     if kind == 1:
-                        self.responses.append(Range(body))
+                        responses.append(Range(body))
                     elif kind == 3:
-                        self.responses.append(next((x for f, x in _fields(body) if f == 2), 0))
+                        responses.append(next((x for f, x in _fields(body) if f == 2), 0))
+                    elif kind == 4:
+                        responses.append(Txn(body))
                     else:
-                        self.responses.append(None)
+                        responses.append(None)
+        return responses
 
     def range(self, index: int) -> Range:
         answer = self.responses[index]
         assert isinstance(answer, Range)
+        return answer
+
+    def txn(self, index: int) -> Txn:
+        answer = self.responses[index]
+        assert isinstance(answer, Txn)
         return answer
 
 

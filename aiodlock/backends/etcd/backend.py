@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Self
 from urllib.parse import quote
 
@@ -53,6 +53,8 @@ class EtcdBackend(Backend):
     """Locks as keys of one client lease, queued by create_revision."""
 
     backend_name = "etcd"
+    #: How many first attempts' requests are kept (one per name, owner and key in use).
+    kept_attempts = 1024
     capabilities = (
         Capability.FAIR
         | Capability.ALWAYS_FAIR
@@ -92,6 +94,7 @@ class EtcdBackend(Backend):
         #: The keys of this client's places and grants, and of deletes not yet done: a slot
         #: (see :mod:`._keys`) is taken again only once its key is known to be gone.
         self._taken: set[bytes] = set()
+        self._attempts: dict[tuple[bytes, str, bool], bytes] = {}
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -172,7 +175,7 @@ class EtcdBackend(Backend):
         place = self._places.get(ident)
         if place is None:
             place = self._places[ident] = Place(request)
-        lease = await session.current()
+        lease = session.lease or await session.current()
         place.event = Wakeup()  # what this read sees needs no wake-up
         if place.lease and place.lease != lease:
             gone = place.key
@@ -183,24 +186,11 @@ class EtcdBackend(Backend):
             place.key, place.lease, place.revision = self._take_key(prefix, lease), lease, 0
         key = place.key
         known = place.revision
-        put = kv.put(key, request.owner.encode("utf-8", "surrogatepass"), lease)
-        mine = kv.get(key, keys_only=True)
-        if will_wait:
-            # A key just put is the newest: the two newest are mine and the one ahead, if any.
-            compare = [kv.cmp_create(key, 0)]
-            success = [put, kv.newest_two(prefix)]
-            failure = [mine, kv.line(prefix, newest=True, below=known - 1)] if known else [mine]
-        else:  # a try-lock puts its key only into an empty line
-            end = kv.prefix_end(prefix)
-            compare = [kv.cmp_create(prefix, 0, range_end=end)]
-            success = [put]
-            failure = [mine, kv.line(prefix)]
+        attempt = self._attempt(prefix, key, request.owner, lease, known, will_wait)
         sent = monotonic()
         # NOTE: a cancelled attempt's call runs on (it may reach the server after a clean-up
         # sent later on another stream): abandon() waits for its answer before deleting.
-        call = place.call = session.kv.txn(
-            kv.txn(compare, success, failure), self.config.op_timeout
-        )
+        call = place.call = session.kv.txn(attempt, self.config.op_timeout)
         try:
             with self._lease_errors(lease, "acquire"):
                 await kv.answered(call)
@@ -213,11 +203,13 @@ class EtcdBackend(Backend):
         place.call = None
         ahead: tuple[bytes, int] | None = None
         seen = reply.revision
-        if reply.succeeded:
-            revision = place.revision = reply.revision  # (the put's revision)
-            if will_wait:
+        if not reply.succeeded and will_wait:
+            reply = reply.txn(0)  # (the nested transaction: the line was not empty)
+            if reply.succeeded:  # put behind the newest key
                 older = [x for x in reply.range(1).kvs if x.key != key]
                 ahead = (older[0].key, older[0].create_revision) if older else None
+        if reply.succeeded:
+            revision = place.revision = seen  # (the put's revision)
         else:
             found = reply.range(0).kvs
             if not found:
@@ -249,12 +241,40 @@ class EtcdBackend(Backend):
             self._grants[key] = grant
             # A short hold needs no watch of its own (most end before it would be made).
             held.watch = asyncio.get_running_loop().call_later(
-                OWN_WATCH_DELAY, self._watch_own, grant, reply.revision
+                OWN_WATCH_DELAY, self._watch_own, grant, seen
             )
             return grant
         request.queued = True
         place.arm(session.io, ahead, seen, sent, self.config.op_timeout)
         return Busy(None)
+
+    def _attempt(
+        self, prefix: bytes, key: bytes, owner: str, lease: int, known: int, will_wait: bool
+    ) -> bytes:
+        """The TxnRequest of an attempt (kept while ``known`` is 0: a first attempt, asked
+        with the same bytes every time a name is taken again)."""
+        ident = (key, owner, will_wait)
+        cached = self._attempts.get(ident) if not known else None
+        if cached is not None:
+            return cached
+        put = kv.put(key, owner.encode("utf-8", "surrogatepass"), lease)
+        mine = kv.get(key, keys_only=True)
+        # Into an empty line, the key is put and the lock is held: one write, nothing read.
+        empty = kv.cmp_create(prefix, 0, range_end=kv.prefix_end(prefix))
+        if will_wait:
+            # Else the key is put if it is absent, and a key just put is the newest: the two
+            # newest are mine and the one ahead.  A key of mine already in the line is read,
+            # with the newest key older than it, if its create_revision is known.
+            behind = [mine, kv.line(prefix, newest=True, below=known - 1)] if known else [mine]
+            inner = kv.txn([kv.cmp_create(key, 0)], [put, kv.newest_two(prefix)], behind)
+            request = kv.txn([empty], [put], [kv.nested(inner)])
+        else:  # a try-lock puts its key only into an empty line
+            request = kv.txn([empty], [put], [mine, kv.line(prefix)])
+        if not known:
+            if len(self._attempts) >= self.kept_attempts:
+                self._attempts.clear()
+            self._attempts[ident] = request
+        return request
 
     def _watch_own(self, grant: Grant, revision: int) -> None:
         held: Held = grant.data
@@ -324,18 +344,9 @@ class EtcdBackend(Backend):
             place = self._places[key] = Place(request)
         return contextlib.nullcontext(PlaceWaiter(place))
 
-    @contextlib.contextmanager
-    def _lease_errors(self, lease: int, what: str) -> Any:
+    def _lease_errors(self, lease: int, what: str) -> AbstractContextManager[None]:
         """Translate; a put on a lease the server no longer knows is its loss (detected)."""
-        session = self._io
-        try:
-            with session.translate(what):
-                yield
-        except BackendError as error:
-            if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
-                raise
-            session.lose(lease, "the server no longer knows the lease (revoked or expired)")
-            raise LeaseGone(str(error)) from error.__cause__
+        return _LeaseErrors(self._io, lease, what)
 
     # -- releasing -------------------------------------------------------------------------------
 
@@ -352,12 +363,12 @@ class EtcdBackend(Backend):
         assert self._cleanup is not None
 
         async def delete() -> bool:
-            compare = [kv.cmp_create(key, revision)] if revision else []
+            request = kv.drop(key, revision) if revision else kv.txn([], [kv.delete(key)])
             with session.translate(what):
-                call = session.kv.txn(kv.txn(compare, [kv.delete(key)]), self.config.op_timeout)
-                reply: kv.Txn = await call
+                reply: kv.Txn = await session.kv.txn(request, self.config.op_timeout)
             self._free(key)
-            return bool(reply.succeeded and reply.responses[0])
+            # (with the compare: it held, so the key was there and is deleted)
+            return reply.succeeded and bool(revision or reply.responses[0])
 
         until = monotonic() + self.config.op_timeout
         try:  # (the common case, without the retry loop's frames)
@@ -435,3 +446,28 @@ class EtcdBackend(Backend):
         if holder is None:
             return False
         return await self._delete(holder.key, holder.create_revision, "force_release")
+
+
+class _LeaseErrors:
+    """(a class, not a generator: it is entered once per attempt)"""
+
+    __slots__ = ("lease", "session", "what")
+
+    def __init__(self, session: Session, lease: int, what: str) -> None:
+        self.session, self.lease, self.what = session, lease, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if not isinstance(exc, Exception):
+            return  # (none, or a cancellation: it goes on as it is)
+        session = self.session
+        try:
+            with session.translate(self.what):
+                raise exc
+        except BackendError as error:
+            if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
+                raise
+            session.lose(self.lease, "the server no longer knows the lease (revoked or expired)")
+            raise LeaseGone(str(error)) from error.__cause__

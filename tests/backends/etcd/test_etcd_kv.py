@@ -75,10 +75,25 @@ async def test_put_get_compare_delete_round_trip(
     taken = await call(txn, [kv.cmp_create(prefix, 0, range_end=end)], [kv.put(b"x", b"", 0)])
     assert not taken.succeeded  # not every key of the range has create_revision 0
 
-    stale = await call(txn, [kv.cmp_create(first, put.revision - 1)], [kv.delete(first)])
+    # A nested transaction in the failure branch (an attempt on a line that is not empty).
+    third = prefix + b"c"
+    inner = kv.txn([kv.cmp_create(third, 0)], [kv.put(third, b"3", lease), kv.newest_two(prefix)])
+    behind = await call(
+        txn, [kv.cmp_create(prefix, 0, range_end=end)], [kv.put(third, b"x", 0)], [kv.nested(inner)]
+    )
+    assert not behind.succeeded
+    nested = behind.txn(0)
+    assert nested.succeeded  # (its own branch)
+    assert nested.revision == 0  # (only the outer reply has a header)
+    assert [x.key for x in nested.range(1).kvs] == [third, second]
+    [made] = (await raw.kv.get(third)).kvs
+    assert (made.value, made.lease, made.create_revision) == (b"3", lease, behind.revision)
+    await raw.kv.delete(third)
+
+    stale = await txn.txn(kv.drop(first, put.revision - 1), timeout=5.0)
     assert not stale.succeeded
     assert stale.responses == []
-    deleted = await call(txn, [kv.cmp_create(first, put.revision)], [kv.delete(first)])
+    deleted = await txn.txn(kv.drop(first, put.revision), timeout=5.0)
     assert deleted.succeeded
     assert deleted.responses == [1]
     assert deleted.revision > put.revision
