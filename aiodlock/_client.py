@@ -33,6 +33,7 @@ from ._local import LocalWaiters
 from ._observers import Observer, notify
 from ._registry import load_backend
 from ._retry import Guaranteed
+from ._shield import finish
 from ._types import Capability, CommonConfig, Grant, LockStatus, Request, monotonic
 from ._url import parse_url, sqlite_url, take_float, take_str
 from ._waiting import acquire_loop
@@ -165,11 +166,7 @@ class Client:
                 with anyio.fail_after(self._config.connect_timeout):
                     await self._backend.open(self._on_backend_lost)
             except BaseException as exc:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                    try:
-                        await self._backend.aclose()
-                    except Exception:
-                        log.debug("aiodlock: aclose after a failed open failed", exc_info=True)
+                await finish(self._close_backend("aclose after a failed open failed"))
                 if isinstance(exc, TimeoutError) and not isinstance(exc, LockError):
                     raise BackendTimeout(
                         f"{self._backend.backend_name}: could not connect to "
@@ -191,41 +188,48 @@ class Client:
         self._state = "closing"
         # (a task's end callback would keep a closed client alive as long as the task)
         self._watch_tasks(False)
-        with anyio.CancelScope(shield=True):
-            # NOTE: in this order: the waits end (each cleans up through the open backend),
-            # then the holds are released (no local waiter is left to hand one to), and the
-            # backend closes once the releases begun by cancelled tasks are through.
-            current = asyncio.current_task()
-            for task in self._acquiring:
-                assert isinstance(task, asyncio.Task)
-                if task is not current and not task.done():
-                    self._ended_by_close.add(task)
-                    task.cancel("aiodlock: the client was closed")
-            await self._acquiring.drained(self._config.op_timeout * 3)
-            holds = [h for h in self._holds.values() if not h.server_released]
-            for hold in holds:
-                self._mark_lost(hold, "the client was closed while the lock was held")
-            for hold in holds:
-                await self._server_release(hold)
-            await self._releasing.drained(self._config.op_timeout)
-            await self._watchdog.stop()
-            await self._cleanups.aclose()  # (what is left there ends with its lease)
-            self._cleanups = Guaranteed(_CLEANUP)  # (a reopened client may be in another loop)
-            self._local.clear()
-            for task in list(self._tasks):
-                task.cancel()
-            for task in list(self._tasks):
-                with contextlib.suppress(BaseException):
-                    await task
-            try:
-                with anyio.move_on_after(self._config.op_timeout):
-                    await self._backend.aclose()
-            except Exception:
-                log.warning("aiodlock: closing the backend failed", exc_info=True)
-            finally:
-                self._state = "closed"
-                self._loop = None
-                self._open_lock = asyncio.Lock()  # (the next open may be in another loop)
+        # (to its end, even if the caller is cancelled again meanwhile: see _shield)
+        await finish(self._shut_down(asyncio.current_task()))
+
+    async def _shut_down(self, current: asyncio.Task[Any] | None) -> None:
+        # NOTE: in this order: the waits end (each cleans up through the open backend),
+        # then the holds are released (no local waiter is left to hand one to), and the
+        # backend closes once the releases begun by cancelled tasks are through.
+        for task in self._acquiring:
+            assert isinstance(task, asyncio.Task)
+            if task is not current and not task.done():
+                self._ended_by_close.add(task)
+                task.cancel("aiodlock: the client was closed")
+        await self._acquiring.drained(self._config.op_timeout * 3)
+        holds = [h for h in self._holds.values() if not h.server_released]
+        for hold in holds:
+            self._mark_lost(hold, "the client was closed while the lock was held")
+        for hold in holds:
+            await self._server_release(hold)
+        await self._releasing.drained(self._config.op_timeout)
+        await self._watchdog.stop()
+        await self._cleanups.aclose()  # (what is left there ends with its lease)
+        self._cleanups = Guaranteed(_CLEANUP)  # (a reopened client may be in another loop)
+        self._local.clear()
+        ours = [task for task in self._tasks if task is not current]  # (not the closer)
+        for task in ours:
+            task.cancel()
+        for task in ours:
+            with contextlib.suppress(BaseException):
+                await task
+        try:
+            await self._close_backend("closing the backend failed", logged=logging.WARNING)
+        finally:
+            self._state = "closed"
+            self._loop = None
+            self._open_lock = asyncio.Lock()  # (the next open may be in another loop)
+
+    async def _close_backend(self, failed: str, logged: int = logging.DEBUG) -> None:
+        try:
+            with anyio.move_on_after(self._config.op_timeout):
+                await self._backend.aclose()
+        except Exception:
+            log.log(logged, "aiodlock: %s", failed, exc_info=True)
 
     def _watch_tasks(self, on: bool) -> None:
         """Add or remove the task-end callback of every live task that has an owner here."""
@@ -410,11 +414,17 @@ class Client:
         except BaseException as exc:
             # The server may or may not have granted (a lost reply, a cancellation while
             # the reply was on its way): remove every trace of this owner's attempt.
-            await self._abandon(request)
-            if isinstance(exc, asyncio.CancelledError) and task in self._ended_by_close:
+            failure: BaseException = exc
+            try:
+                await self._abandon(request)
+            except asyncio.CancelledError as again:  # (cancelled again while it ran)
+                failure = again
+            if isinstance(failure, asyncio.CancelledError) and task in self._ended_by_close:
                 self._ended_by_close.discard(task)
                 if task.uncancel() == 0:  # (no other cancellation pending: ours only)
                     raise LockError(f"the client was closed while acquiring {name!r}") from None
+            if failure is not exc:
+                raise failure from None
             raise
         finally:
             self._acquiring.discard(task)
@@ -440,17 +450,24 @@ class Client:
         if self._state == "closed":
             return  # (close() waits for the acquires in flight: a late one finds nothing)
         backend = self._backend
-        failure: object = "no answer in time"
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout * 2):
+
+        async def clean_up() -> None:
+            failure: object = "no answer in time"
             try:
-                await backend.abandon(request)
+                async with asyncio.timeout(self._config.op_timeout * 2):
+                    await backend.abandon(request)
                 return
+            except TimeoutError:
+                pass
             except Exception as exc:
                 failure = exc
-        msg = "aiodlock: could not clean up an interrupted acquire of %r (%s); trying again "
-        msg += "in the background (while the client is open: else its lease ends it)"
-        log.warning(msg, request.name, failure)
-        self._cleanups.later((request.name, request.owner), lambda: backend.abandon(request))
+            msg = "aiodlock: could not clean up an interrupted acquire of %r (%s); trying "
+            msg += "again in the background (while the client is open: else its lease ends it)"
+            log.warning(msg, request.name, failure)
+            self._cleanups.later((request.name, request.owner), lambda: backend.abandon(request))
+
+        # (to its end, even if the task is cancelled again meanwhile: see _shield)
+        await finish(clean_up())
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         """A task that used this client ended: release what it still holds (a bug of the
@@ -539,19 +556,22 @@ class Client:
                 raise
         except BaseException:
             # Cancelled half-way: the compare-and-delete is idempotent, so do it again,
-            # shielded and bounded, then let the cancellation go on.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.op_timeout):
-                try:
-                    await self._backend.release(hold.grant)
-                except Exception:
-                    log.warning(
-                        "aiodlock: releasing %r failed; %s", hold.name, _UNRELEASED, exc_info=True
-                    )
+            # bounded and to its end (even if cancelled again), then let the cancellation go on.
+            await finish(self._release_again(hold))
             raise
         finally:
             self._releasing.discard(hold)
             if hold.released:
                 hold.end()  # the holding is over: break the cycle
+
+    async def _release_again(self, hold: Hold) -> None:
+        try:
+            async with asyncio.timeout(self._config.op_timeout):
+                await self._backend.release(hold.grant)
+        except TimeoutError:
+            log.warning("aiodlock: releasing %r timed out; %s", hold.name, _UNRELEASED)
+        except Exception:
+            log.warning("aiodlock: releasing %r failed; %s", hold.name, _UNRELEASED, exc_info=True)
 
     async def extend(self, name: str, ttl: float | None, key: str | None = None) -> None:
         hold = self._held(name, key)

@@ -11,10 +11,9 @@ import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
-import anyio
-
 from ._errors import BackendError
 from ._retry import Pauses
+from ._shield import finish
 from ._types import Busy, Capability, Grant, Request, Waiter, monotonic
 
 if TYPE_CHECKING:
@@ -122,19 +121,21 @@ async def acquire_loop(
         return granted
     finally:
         if not granted and (request.fair or request.queued):
-            # A fair or urgent request keeps a place in line between attempts: drop it
-            # (shielded, as this may run because the task was cancelled).
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(Exception):
-                    await backend.abandon(request)
+            # A fair or urgent request keeps a place in line between attempts: drop it (to
+            # its end, as this may run because the task was cancelled: see _shield).
+            await finish(_drop_place(backend, request))
+
+
+async def _drop_place(backend: Backend, request: Request) -> None:
+    with contextlib.suppress(Exception):
+        await backend.abandon(request)
 
 
 async def _leave(local: LocalWaiters | None, entry: Entry) -> None:
     assert local is not None
     local.leave(entry)
     if entry.needs_settling():
-        with anyio.CancelScope(shield=True):
-            await local.settle(entry)
+        await finish(local.settle(entry))
 
 
 async def _enter_waiter(

@@ -821,3 +821,39 @@ async def test_namespaces_are_independent() -> None:
         assert await c.lock("n").try_acquire() is None
         await b.lock("n").release()
         await a.lock("n").release()
+
+
+class LateReplyMemory(MemoryBackend):
+    """Grants, then takes 0.2 s to say so (a reply on its way); its clean-up of an
+    interrupted acquire takes 0.1 s (a round trip)."""
+
+    backend_name = "memory"
+
+    async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
+        grant = await super().acquire(request, deadline)
+        await asyncio.sleep(0.2)
+        return grant
+
+    async def abandon(self, request: Request) -> None:
+        await asyncio.sleep(0.1)
+        await super().abandon(request)
+
+
+async def test_a_clean_up_runs_to_its_end_when_the_task_is_cancelled_again() -> None:
+    # The acquire is cancelled as its grant comes back, and cancelled again while its
+    # clean-up runs: the clean-up still ends, and the name is free (an anyio shield held
+    # off neither cancellation: the lock stayed taken for the client's life).
+    plain = aiodlock.testing.memory_client()
+    assert isinstance(plain.backend, MemoryBackend)
+    backend = LateReplyMemory(plain.backend.space_name, plain.backend.config)
+    async with aiodlock.Client(backend) as c:
+        task = asyncio.create_task(c.lock("twice").acquire())
+        await asyncio.sleep(0.1)  # (granted; the reply is on its way)
+        task.cancel()
+        await asyncio.sleep(0.05)  # (the clean-up runs)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await c.status("twice") is None
+        assert await c.lock("twice").try_acquire() is not None
+        await c.lock("twice").release()

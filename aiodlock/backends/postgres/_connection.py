@@ -10,10 +10,10 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import anyio
 import asyncpg
 
 from ..._errors import BackendError
+from ..._shield import finish
 from ..._types import monotonic
 from ..._wakeup import Backoff, BoardWaiter, Heartbeat, Timer, WakeupBoard
 from . import _statements as sql
@@ -219,6 +219,8 @@ class Listener:
         self.pid = 0  # the LISTEN session's server process
         #: Keys this session has a row for in the waiters table, and since when.
         self.joined: dict[int, float] = {}
+        #: Keys whose local waiter a call woke since the key's last attempt (see take_call).
+        self._called: set[int] = set()
         self.closed = False
         #: Counters (for tests and benchmarks): NOTIFY messages heard, and those that woke one.
         self.heard = 0
@@ -232,6 +234,14 @@ class Listener:
 
     def listening_for(self, key: int) -> bool:
         return key in self.joined and self.listening()
+
+    def take_call(self, key: int) -> bool:
+        """Was a local waiter of ``key`` woken by a call since the key's last attempt (which
+        this one is)?"""
+        if key in self._called:
+            self._called.discard(key)
+            return True
+        return False
 
     @contextlib.asynccontextmanager
     async def waiter(
@@ -253,10 +263,13 @@ class Listener:
             called = slot.event.is_set()  # (a wake-up it did not use)
             self.board.remove(slot)  # (which hands it to another local waiter, if any)
             if not self.board.count(str(key)):
-                shielded = anyio.CancelScope(shield=True)
-                leaving = self._settings.translate("leave")
-                with shielded, contextlib.suppress(BackendError), leaving:
-                    await self.leave(key, called)
+                # (to its end, even if the task is cancelled again meanwhile: a call it
+                # passes on must reach the next client)
+                await finish(self._leave_quietly(key, called))
+
+    async def _leave_quietly(self, key: int, called: bool) -> None:
+        with contextlib.suppress(BackendError), self._settings.translate("leave"):
+            await self.leave(key, called)
 
     async def join(self, key: int) -> float | None:
         """Listen (one connection, one ``LISTEN``) and take a row in the line of ``key``;
@@ -334,6 +347,7 @@ class Listener:
         key, _, owner = payload.partition(" ")
         if self.board.wake_tagged(key, owner) if owner else self.board.wake_one(key):
             self.woke += 1
+            self._called.add(int(key))
         elif (
             self._holds is not None
             and not owner
@@ -364,6 +378,7 @@ class Listener:
             self.joined.clear()
             for key in self.board.names():
                 self.board.wake_all(key)  # releases may go unheard: ask again, then poll
+                self._called.add(int(key))  # (as if called: a call may have been lost)
             if self.board.names() and not self.closed:
                 self._pauses.reset()
                 self._relisten.start(0.0)

@@ -54,7 +54,7 @@ def create_table(table: str) -> str:
 def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     """$1 key, $2 name, $3 owner (UTF-8), $4 the pid of this client's LISTEN session (0: none),
     and with ``in_line`` (this client has a row in the line of the key) $5 channel, $6
-    urgent -> the new token (one row) when the lock was taken, else no row.
+    urgent, $7 called -> the new token (one row) when the lock was taken, else no row.
 
     Nobody barges past the urgent line: the lock is tried only when no live client other than
     this one has an urgent row for the key that ranks first (an earlier ``urgent_since`` than
@@ -67,9 +67,11 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     urgent attempt marks this client's row urgent (it keeps its first mark); a grant to a
     marked client moves its mark to the back of the urgent line (its other waiters stay
     urgent; the row goes when its last waiter leaves).  A barred attempt that finds the lock
-    FREE (tried and given back at once) calls the first urgent client: the release called
-    this one, as the urgent one was marking its row.  (A client not in line was not called:
-    it leaves that to the called one.)"""
+    FREE (tried and given back at once) calls the first urgent client if this client was
+    ``called`` since its last attempt: the release called this one, as the urgent one was
+    marking its row.  (An attempt nobody called, a poll or a turn to urgent, leaves the
+    call to the release: the release called the urgent client itself, and a second call
+    would reach the next client twice.  A client not in line was not called either.)"""
     urgent = f"FROM {waiters} w WHERE w.key = $1::bigint AND w.urgent_since IS NOT NULL"
     urgent += f" AND w.pid <> $4::int AND {alive('w.pid')}"
     insert = (
@@ -87,7 +89,7 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     first = f"SELECT w.pid {urgent} ORDER BY w.urgent_since, w.pid LIMIT 1"
     urgent += " AND (m.t IS NULL OR (w.urgent_since, w.pid) < (m.t, $4::int))"
     taken = (
-        "CASE WHEN got.st = 1 THEN true WHEN got.st = 2 THEN (SELECT false FROM"
+        "CASE WHEN got.st = 1 THEN true WHEN got.st = 2 AND $7::bool THEN (SELECT false FROM"
         f" ({first}) f, pg_notify($5::text || '_' || f.pid::text, $1::bigint::text))"
         " ELSE false END"
     )

@@ -237,8 +237,9 @@ class PostgresBackend(Backend):
         """The try-lock statement: an urgent request marks its client's row in the line."""
         listener = self.listener
         args = (key, name, owner, listener.pid)  # (pid 0: not listening)
+        called = listener.take_call(key)  # (taken by every attempt: it is about this one)
         if listener.listening_for(key):
-            step = conn.fetchval(self._try_in_line, *args, self.channel, urgent)
+            step = conn.fetchval(self._try_in_line, *args, self.channel, urgent, called)
         else:
             step = conn.fetchval(self._try_lock, *args)
         return cast("Awaitable[int | None]", step)

@@ -10,9 +10,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
-import anyio
-
 from ..._errors import BackendError
+from ..._shield import finish
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
@@ -230,12 +229,16 @@ class RedisBackend(KeyedBackend[Settings]):
             return Grant(name, owner, value, started + ttl, GrantData(keys, str(value)))
         return Busy((-1 - value) / 1000 if value else None)
 
+    async def _release_quietly(self, keys: LockKeys, owner: str, token: str) -> None:
+        with contextlib.suppress(BackendError):
+            await self._release(keys, owner, token)
+
     async def _acquire_synced(self, keys: LockKeys, owner: str, call: ScriptCall) -> int:
         reply, acks = await self._ask(call.script.name, self.links.eval_wait, call, self._wait)
         value = int(reply)
         if value > 0 and int(acks) < self.settings.sync_replicas:
-            with anyio.CancelScope(shield=True), contextlib.suppress(BackendError):
-                await self._release(keys, owner, str(value))
+            # (to its end, even if the task is cancelled meanwhile: see _shield)
+            await finish(self._release_quietly(keys, owner, str(value)))
             raise BackendError(
                 f"redis: only {acks} of {self.settings.sync_replicas} replicas acknowledged the "
                 f"grant of {keys.name!r} within {ms(self.settings.sync_timeout)} ms "
