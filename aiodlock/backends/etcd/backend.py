@@ -17,8 +17,6 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Self
 from urllib.parse import quote
 
-import grpc
-
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import Guaranteed
 from ..._types import (
@@ -36,9 +34,10 @@ from ..._url import ParsedURL, format_host, take_str
 from ..._wakeup import Wakeup
 from .._base import Backend
 from . import _kv as kv
+from ._attempts import Attempts, LeaseErrors
 from ._keys import Keys
 from ._queue import Place, PlaceWaiter, deleted
-from ._session import Session, rpc_code, tls_options
+from ._session import Session, tls_options
 from ._txn import Held, LeaseGone
 
 DEFAULT_PORT = 2379
@@ -53,8 +52,6 @@ class EtcdBackend(Backend):
     """Locks as keys of one client lease, queued by create_revision."""
 
     backend_name = "etcd"
-    #: How many first attempts' requests are kept (one per name, owner and key in use).
-    kept_attempts = 1024
     capabilities = (
         Capability.FAIR
         | Capability.ALWAYS_FAIR
@@ -94,7 +91,7 @@ class EtcdBackend(Backend):
         #: The keys of this client's places and grants, and of deletes not yet done: a slot
         #: (see :mod:`._keys`) is taken again only once its key is known to be gone.
         self._taken: set[bytes] = set()
-        self._attempts: dict[tuple[bytes, str, bool], bytes] = {}
+        self._attempts = Attempts()
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -186,7 +183,7 @@ class EtcdBackend(Backend):
             place.key, place.lease, place.revision = self._take_key(prefix, lease), lease, 0
         key = place.key
         known = place.revision
-        attempt = self._attempt(prefix, key, request.owner, lease, known, will_wait)
+        attempt = self._attempts.request(prefix, key, request.owner, lease, known, will_wait)
         sent = monotonic()
         # NOTE: a cancelled attempt's call runs on (it may reach the server after a clean-up
         # sent later on another stream): abandon() waits for its answer before deleting.
@@ -247,34 +244,6 @@ class EtcdBackend(Backend):
         request.queued = True
         place.arm(session.io, ahead, seen, sent, self.config.op_timeout)
         return Busy(None)
-
-    def _attempt(
-        self, prefix: bytes, key: bytes, owner: str, lease: int, known: int, will_wait: bool
-    ) -> bytes:
-        """The TxnRequest of an attempt (kept while ``known`` is 0: a first attempt, asked
-        with the same bytes every time a name is taken again)."""
-        ident = (key, owner, will_wait)
-        cached = self._attempts.get(ident) if not known else None
-        if cached is not None:
-            return cached
-        put = kv.put(key, owner.encode("utf-8", "surrogatepass"), lease)
-        mine = kv.get(key, keys_only=True)
-        # Into an empty line, the key is put and the lock is held: one write, nothing read.
-        empty = kv.cmp_create(prefix, 0, range_end=kv.prefix_end(prefix))
-        if will_wait:
-            # Else the key is put if it is absent, and a key just put is the newest: the two
-            # newest are mine and the one ahead.  A key of mine already in the line is read,
-            # with the newest key older than it, if its create_revision is known.
-            behind = [mine, kv.line(prefix, newest=True, below=known - 1)] if known else [mine]
-            inner = kv.txn([kv.cmp_create(key, 0)], [put, kv.newest_two(prefix)], behind)
-            request = kv.txn([empty], [put], [kv.nested(inner)])
-        else:  # a try-lock puts its key only into an empty line
-            request = kv.txn([empty], [put], [mine, kv.line(prefix)])
-        if not known:
-            if len(self._attempts) >= self.kept_attempts:
-                self._attempts.clear()
-            self._attempts[ident] = request
-        return request
 
     def _watch_own(self, grant: Grant, revision: int) -> None:
         held: Held = grant.data
@@ -346,7 +315,7 @@ class EtcdBackend(Backend):
 
     def _lease_errors(self, lease: int, what: str) -> AbstractContextManager[None]:
         """Translate; a put on a lease the server no longer knows is its loss (detected)."""
-        return _LeaseErrors(self._io, lease, what)
+        return LeaseErrors(self._io, lease, what)
 
     # -- releasing -------------------------------------------------------------------------------
 
@@ -446,28 +415,3 @@ class EtcdBackend(Backend):
         if holder is None:
             return False
         return await self._delete(holder.key, holder.create_revision, "force_release")
-
-
-class _LeaseErrors:
-    """(a class, not a generator: it is entered once per attempt)"""
-
-    __slots__ = ("lease", "session", "what")
-
-    def __init__(self, session: Session, lease: int, what: str) -> None:
-        self.session, self.lease, self.what = session, lease, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if not isinstance(exc, Exception):
-            return  # (none, or a cancellation: it goes on as it is)
-        session = self.session
-        try:
-            with session.translate(self.what):
-                raise exc
-        except BackendError as error:
-            if rpc_code(error) != grpc.StatusCode.NOT_FOUND:
-                raise
-            session.lose(self.lease, "the server no longer knows the lease (revoked or expired)")
-            raise LeaseGone(str(error)) from error.__cause__
