@@ -389,7 +389,7 @@ class Client:
         self._acquiring.add(task)
         try:
             if self._default_acquire:
-                # Backend.acquire's own steps (one coroutine less per uncontended acquire).
+                # The core's loop: a first attempt, then acquire_loop's waiting.
                 local = self._local
                 will_wait = deadline is None or deadline > started
                 if local.turns or local.reservations:

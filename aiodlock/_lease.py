@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._types import LockStatus
 
-if TYPE_CHECKING:
-    from ._hold import Ended, Hold
-
 __all__ = ["Lease", "LockStatus"]
+
+
+class Holding(Protocol):
+    """What a :class:`Lease` reads of its holding: the client's ``Hold`` while it lasts,
+    then a copy of its final state (``Ended``)."""
+
+    @property
+    def lost(self) -> bool: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    @property
+    def lost_reason(self) -> str | None: ...
+
+    @property
+    def expires_at(self) -> float | None: ...
+
+    async def wait_lost(self) -> None: ...
 
 
 class Lease:
@@ -19,9 +35,9 @@ class Lease:
 
     __slots__ = ("_hold", "name", "owner", "token", "ttl")
 
-    def __init__(self, hold: Hold, name: str, owner: str, token: int, ttl: float | None) -> None:
+    def __init__(self, hold: Holding, name: str, owner: str, token: int, ttl: float | None) -> None:
         #: The holding while it lasts; a copy of its final state once it is over.
-        self._hold: Hold | Ended = hold
+        self._hold: Holding = hold
         self.name = name
         self.owner = owner
         self.token = token

@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._checks import check_name, check_seconds
 from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout, Unsupported
 from ._hold import BodyEntry, Hold, OnLost
 from ._lease import Lease
 from ._types import Capability, LockStatus
+from .backends._base import Backend
 
-if TYPE_CHECKING:
-    from ._client import Client
+__all__ = ["Lock", "Locking"]
 
-__all__ = ["Lock"]
+
+class Locking(Protocol):
+    """What a :class:`Lock` asks of the client it came from (:class:`~aiodlock.Client`,
+    which keeps the holdings)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    async def acquire(self, lock: Lock, timeout: float | None) -> Hold: ...
+
+    def release(self, name: str, key: str | None = None) -> Awaitable[None]: ...
+
+    async def release_hold(self, hold: Hold) -> None: ...
+
+    async def extend(self, name: str, ttl: float | None, key: str | None = None) -> None: ...
+
+    def current_hold(self, name: str, key: str | None = None) -> Hold | None: ...
+
+    async def status(self, name: str) -> LockStatus | None: ...
+
 
 _UNSET: Any = object()
 
@@ -30,7 +50,7 @@ class Lock:
 
     def __init__(
         self,
-        client: Client,
+        client: Locking,
         name: str,
         *,
         ttl: float | None = None,

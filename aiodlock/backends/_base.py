@@ -31,7 +31,6 @@ from .._types import (
     LostCallback,
     Request,
     Waiter,
-    monotonic,
 )
 from .._url import ParsedURL
 
@@ -81,14 +80,12 @@ class Backend(abc.ABC):
 
     async def acquire(self, request: Request, deadline: float | None) -> Grant | None:
         """Acquire by ``deadline`` (monotonic; ``None``: forever), else clean up and return
-        None.  The default is the core's loop on :meth:`try_acquire` and :meth:`waiter`."""
-        from .._waiting import acquire_loop
-
-        sent = monotonic()
-        first = await self.try_acquire(request, will_wait=deadline is None or deadline > sent)
-        if isinstance(first, Grant):
-            return first
-        return await acquire_loop(self, request, deadline, first, sent)
+        None.  Not overridden (the rule), the core runs its own loop (``acquire_loop``) on
+        :meth:`try_acquire` and :meth:`waiter` instead of calling this; a protocol whose
+        server queues the waiters itself overrides it with the whole wait."""
+        raise NotImplementedError(
+            f"the {self.backend_name} backend waits through the core's loop (acquire_loop)"
+        )
 
     @abc.abstractmethod
     async def renew(self, grants: Sequence[Grant], ttl: float) -> Sequence[float | None]:

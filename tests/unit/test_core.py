@@ -60,7 +60,7 @@ def counting_client(space: str | None = None, **options: object) -> aiodlock.Cli
 
 
 class LoopMemory(MemoryBackend):
-    """The memory backend on the shared try-then-wait loop (``Backend.acquire``), whose
+    """The memory backend on the core's try-then-wait loop (``acquire`` not overridden), whose
     ``waiter`` the subclasses below replace; ``events`` records what happened to them."""
 
     backend_name = "memory"
