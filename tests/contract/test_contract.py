@@ -342,6 +342,28 @@ async def test_cancelled_acquire_leaves_nothing_behind(
     await eventually(lambda: _acquired_once(other, "cancel"))
 
 
+@pytest.mark.parametrize("first", [1, 3, 8, 0.002])
+@pytest.mark.parametrize("again", [1, 0.001])
+async def test_an_acquire_cancelled_twice_leaves_nothing_behind(
+    client: aiodlock.Client, other: aiodlock.Client, first: float, again: float
+) -> None:
+    # The second cancellation lands while the first one's clean-up runs (a task group
+    # cancelling a task that a timeout cancelled already): the clean-up still ends, so the
+    # name is free at once, not when some lease or session runs out.
+    task = asyncio.create_task(client.lock("cancel-twice").acquire())
+    for delay in (first, again):
+        if isinstance(delay, int):
+            for _ in range(delay):
+                await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(delay)
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # (granted before the first cancellation landed: the task ended holding
+        # it, and the client releases what a finished task still holds)
+    await eventually(lambda: _acquired_once(other, "cancel-twice"), timeout=STALL)
+
+
 async def _acquired_once(client: aiodlock.Client, name: str) -> bool:
     lease = await client.lock(name).try_acquire()
     if lease is None:
