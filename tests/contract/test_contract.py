@@ -319,17 +319,22 @@ async def test_extend(make_client: ClientFactory) -> None:
 # -- 9. cancellation -----------------------------------------------------------------------------
 
 
+async def _pause(delay: float) -> None:
+    """``delay`` loop turns (an int) or seconds (a float)."""
+    if isinstance(delay, int):
+        for _ in range(delay):
+            await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(delay)
+
+
 @pytest.mark.parametrize("delay", [0, 1, 2, 3, 5, 8, 0.0005, 0.002, 0.01])
 async def test_cancelled_acquire_leaves_nothing_behind(
     client: aiodlock.Client, other: aiodlock.Client, delay: float
 ) -> None:
     lock = client.lock("cancel")
     task = asyncio.create_task(lock.acquire())
-    if isinstance(delay, int):
-        for _ in range(delay):
-            await asyncio.sleep(0)
-    else:
-        await asyncio.sleep(delay)
+    await _pause(delay)
     task.cancel()
     try:
         await task
@@ -352,11 +357,7 @@ async def test_an_acquire_cancelled_twice_leaves_nothing_behind(
     # name is free at once, not when some lease or session runs out.
     task = asyncio.create_task(client.lock("cancel-twice").acquire())
     for delay in (first, again):
-        if isinstance(delay, int):
-            for _ in range(delay):
-                await asyncio.sleep(0)
-        else:
-            await asyncio.sleep(delay)
+        await _pause(delay)
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task  # (granted before the first cancellation landed: the task ended holding
@@ -379,11 +380,7 @@ async def test_cancelled_waiter_leaves_nothing_behind(
     holder = client.lock("cancel-wait")
     await holder.acquire()
     task = asyncio.create_task(other.lock("cancel-wait").acquire())
-    if isinstance(delay, int):
-        for _ in range(delay):
-            await asyncio.sleep(0)
-    else:
-        await asyncio.sleep(delay)
+    await _pause(delay)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
