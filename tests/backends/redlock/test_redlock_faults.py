@@ -130,7 +130,10 @@ async def test_a_waiter_rides_out_a_lost_majority(
     for i in (0, 2, 4):
         five[i].start()
     lease = await asyncio.wait_for(waiting, HANG)
-    assert lease.token >= 2
+    assert lease.owner.startswith(waiter.id)  # granted to the waiter once the nodes were back
+    # (its token may be 1 again: the three nodes came back without their data, and a
+    # majority of them grants with fresh counters; docs/backends/redlock.md, Fencing tokens)
+    assert lease.token >= 1
 
 
 @pytest.mark.slow
