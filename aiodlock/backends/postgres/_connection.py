@@ -306,7 +306,9 @@ class Listener:
             await self._leave_line(conn, key, called)
 
     async def _leave_line(self, conn: asyncpg.Connection, key: int, called: bool) -> None:
-        del self.joined[key]
+        """Leave the line of ``key`` (``called``: passing an unused call on to the next
+        client); a failure ends the LISTEN session, whose rows then count as gone."""
+        self.joined.pop(key, None)
         try:
             if called:
                 await self._call(conn, conn.execute(self._pass_on, key, self.channel))
@@ -369,8 +371,8 @@ class Listener:
                 conn = self.conn
                 if conn is None or self.closed or self.board.count(str(key)):
                     return  # (a waiter came back: the call is its own)
-                self.joined.pop(key, None)  # (pass_on deletes the row, if it is still there)
-                await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+                # (pass_on deletes the row, if it is still there)
+                await self._leave_line(conn, key, True)
 
     def _terminated(self, conn: Any) -> None:
         if conn is self.conn:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from typing import Any
 
+import asyncpg
 import pytest
 
 import aiodlock
@@ -229,19 +231,37 @@ async def test_tokens_survive_a_new_holder_session(make_client: ClientFactory) -
     assert all(b - a == 1 for a, b in itertools.pairwise(tokens))
 
 
-async def test_a_called_client_that_leaves_calls_the_next_one(
-    make_client: ClientFactory, raw: RawFactory
-) -> None:
+async def _two_in_line(
+    make_client: ClientFactory, raw: RawFactory, name: str
+) -> tuple[
+    asyncpg.Connection,
+    aiodlock.Client,
+    aiodlock.Client,
+    aiodlock.Client,
+    int,
+    asyncio.Task[Any],
+    asyncio.Task[Any],
+]:
+    """``name`` held by one client, and a task of two more clients in its line, in order
+    (``first``'s ``gone``, then ``second``'s ``taker``; their fallback polls HANG away); a
+    raw connection to look at the line."""
     conn = await raw()
     holder = await make_client()
     first = await make_client(poll_interval=HANG)
     second = await make_client(poll_interval=HANG)
-    key = backend_of(holder).key("pass")
-    await holder.lock("pass").acquire()
-    gone = asyncio.create_task(_take(first, "pass"))
+    key = backend_of(holder).key(name)
+    await holder.lock(name).acquire()
+    gone = asyncio.create_task(_take(first, name))
     await eventually(lambda: _lined_up(conn, holder, key, 1))
-    taker = asyncio.create_task(_take(second, "pass"))
+    taker = asyncio.create_task(_take(second, name))
     await eventually(lambda: _lined_up(conn, holder, key, 2))
+    return conn, holder, first, second, key, gone, taker
+
+
+async def test_a_called_client_that_leaves_calls_the_next_one(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    conn, holder, first, second, key, gone, taker = await _two_in_line(make_client, raw, "pass")
     # The first client is called, and its waiter is cancelled before it can ask again.
     listen = backend_of(first).listener.conn
     assert listen is not None
@@ -264,16 +284,7 @@ async def test_a_call_heard_after_the_waiter_left_goes_to_the_next_client(
     """A call can reach a client whose waiter has just left the line (another client's
     attempt, barred by its place, found the lock free and called it): the client passes it
     on to the next in line instead of dropping it (that one would sleep until its poll)."""
-    conn = await raw()
-    holder = await make_client()
-    first = await make_client(poll_interval=HANG)
-    second = await make_client(poll_interval=HANG)
-    key = backend_of(holder).key("fwd")
-    await holder.lock("fwd").acquire()
-    gone = asyncio.create_task(_take(first, "fwd"))
-    await eventually(lambda: _lined_up(conn, holder, key, 1))
-    taker = asyncio.create_task(_take(second, "fwd"))
-    await eventually(lambda: _lined_up(conn, holder, key, 2))
+    conn, holder, first, second, key, gone, taker = await _two_in_line(make_client, raw, "fwd")
     table = f"{backend_of(holder).table}_waiters"
     marked = f'SELECT count(*) FROM "{table}" WHERE key = $1 AND urgent_since IS NOT NULL'
     await eventually(lambda: _fetch_is(conn, marked, key, 2), what="both waiters urgent")
