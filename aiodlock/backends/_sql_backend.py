@@ -100,6 +100,18 @@ class LockTableBackend(PollingBackend):
         backend may give them a leaner way than :meth:`_run`'s."""
         return cast(T, await self._run(what, statement, None))
 
+    async def _grab(self, name: str, owner: str, ttl: float) -> Granted | None:
+        """:attr:`fast_path`'s grab (a backend may send it in a leaner way)."""
+        fast = self.fast_path
+        assert fast is not None
+        return await self._fast("acquire", lambda: fast.grab(name, owner, ttl))
+
+    async def _drop(self, name: str, owner: str, token: int) -> bool | None:
+        """:attr:`fast_path`'s drop (a backend may send it in a leaner way)."""
+        fast = self.fast_path
+        assert fast is not None
+        return await self._fast("release", lambda: fast.drop(name, owner, token))
+
     async def _read(self, what: str, read: Callable[[], Script[T]]) -> T:
         return cast(T, await self._run(what, read, None))
 
@@ -123,7 +135,7 @@ class LockTableBackend(PollingBackend):
         else:
             if fast is not None:
                 # The common case in one statement; the scripts below decide the rest.
-                outcome = await self._fast("acquire", lambda: fast.grab(name, owner, ttl))
+                outcome = await self._grab(name, owner, ttl)
             if outcome is None:
                 outcome = await self._run(
                     "acquire",
@@ -151,10 +163,9 @@ class LockTableBackend(PollingBackend):
 
     async def release(self, grant: Grant) -> bool:
         name, owner, token = grant.name, grant.owner, grant.token
-        fast = self.fast_path
         released: bool | None = None
-        if fast is not None:
-            released = await self._fast("release", lambda: fast.drop(name, owner, token))
+        if self.fast_path is not None:
+            released = await self._drop(name, owner, token)
         if released is None:
             released = await self._write("release", lambda: self.table.release(name, owner, token))
         self._wake_one(grant.name)  # even if the row had expired: the name is free now

@@ -20,7 +20,15 @@ from ..._retry import InDoubt, retrying
 from .._sql import Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
-__all__ = ["ConnectionPool", "Run", "is_lost", "is_retryable", "run_on", "translate"]
+__all__ = [
+    "DUPLICATE_KEY",
+    "ConnectionPool",
+    "Run",
+    "is_lost",
+    "is_retryable",
+    "run_on",
+    "translate",
+]
 
 T = TypeVar("T")
 
@@ -30,7 +38,7 @@ _LOST = frozenset({2002, 2003, 2006, 2013, 2014, 2055})
 #: A lock wait timeout (1205; MySQL 8's NOWAIT: 3572) or a deadlock (1213): the transaction
 #: (or its statement) was rolled back, and running it again is safe.
 _RETRYABLE = frozenset({1205, 1213, 3572})
-_DUPLICATE_KEY = 1062
+DUPLICATE_KEY = 1062
 _UNKNOWN_THREAD = 1094
 
 
@@ -97,7 +105,7 @@ async def run_on(conn: Connection, script: Script[T], *, write: bool, run: Run) 
             try:
                 count = await cursor.execute(sql, params)
             except driver_errors() as exc:
-                if error_code(exc) == _DUPLICATE_KEY:  # the name has a row
+                if error_code(exc) == DUPLICATE_KEY:  # the name has a row
                     return None
                 raise
             return int(cursor.lastrowid) if count == 1 else None

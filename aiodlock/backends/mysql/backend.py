@@ -16,16 +16,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Self, cast
 
-from ..._deadlines import Deadlines
+from ..._deadlines import Bound, Deadlines
 from ..._errors import BackendError, BackendTimeout
 from ..._types import Capability, CommonConfig, LostCallback, Request
 from ..._url import ParsedURL
-from .._sql import Execute, LockTable, Script
+from .._sql import Execute, Granted, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from .._sql_fast import FastPath
 from ._dialect import MYSQL
-from ._driver import Connection, load
-from ._pool import ConnectionPool, Run, is_lost, is_retryable, run_on, translate
+from ._driver import Connection, driver_errors, error_code, load
+from ._pool import (
+    DUPLICATE_KEY,
+    ConnectionPool,
+    is_lost,
+    is_retryable,
+    run_on,
+    translate,
+)
 from ._settings import Settings, connect
 
 __all__ = ["MySQLBackend"]
@@ -45,7 +52,7 @@ class MySQLBackend(LockTableBackend):
         self.settings = settings
         self.poll_min, self.poll_max = settings.poll_min, settings.poll_max
         self.table = LockTable(MYSQL, config.namespace)
-        self.fast_path = FastPath(self.table)
+        self.fast_path: FastPath = FastPath(self.table)
         self._pool: ConnectionPool | None = None
         self._deadlines = Deadlines()
 
@@ -83,33 +90,85 @@ class MySQLBackend(LockTableBackend):
                     lambda conn, run: run_on(conn, script(), write=write, run=run), what
                 )
 
-    async def _fast(self, what: str, statement: MakeScript) -> Any:
-        """A fast-path statement on an idle connection, bounded by the backend's deadlines
-        (closing the connection at the deadline ends the statement: no ``asyncio.timeout``,
-        no retry loop); when none is idle, after a deadlock, or when the idle one was dead
-        before anything was sent, :meth:`_call`'s way."""
+    # -- the fast path: one statement on an idle connection --------------------------------------
+    #
+    # Bounded by the backend's deadlines (closing the connection at the deadline ends the
+    # statement: no ``asyncio.timeout``, no retry loop), and sent without the scripts'
+    # machinery (the same statements as :class:`FastPath`'s scripts, which run instead when
+    # no connection is idle, and after a deadlock or an idle connection found dead).
+
+    async def _grab(self, name: str, owner: str, ttl: float) -> Granted | None:
+        fast = self.fast_path
         pool = self._pool
         conn = None if pool is None else await pool.lend_idle()
         if conn is None or pool is None:
-            return await self._call(what, statement, write=False)
-        run = Run()
+            grab = lambda: fast.grab(name, owner, ttl)  # noqa: E731
+            return cast("Granted | None", await self._call("acquire", grab, write=False))
         bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        swept = False
         try:
-            result = await run_on(conn, statement(), write=False, run=run)
+            async with conn.cursor() as cursor:
+                try:
+                    count = await cursor.execute(fast.grab_sql, fast.grab_params(name, owner, ttl))
+                except driver_errors() as exc:
+                    if error_code(exc) != DUPLICATE_KEY:
+                        raise
+                    count = 0  # (the name has a row: the table's scripts decide)
+                token = cursor.lastrowid if count == 1 else None
+                if token is not None and fast.sweep_due():
+                    swept = True  # (it commits as soon as it is sent)
+                    await cursor.execute(fast.sweep_sql)
         except BaseException as exc:
             self._deadlines.end(bound)
-            pool.give_back(conn, exc, unsure=bound.expired)
-            if bound.expired:
-                raise BackendTimeout(f"mysql: {what} timed out") from exc
-            if is_retryable(exc) or (is_lost(exc) and not run.committing):
-                # (a deadlock: rolled back; or an idle connection that had died, the server
-                # restarted or closed it): the pool's way, which tries again
-                return await self._call(what, statement, write=False)
-            with translate(what, self.settings.secrets):
-                raise
+            again = lambda: fast.grab(name, owner, ttl)  # noqa: E731
+            failed = self._failed(pool, conn, exc, bound, "acquire", again, sent=swept)
+            return cast("Granted | None", await failed)
         self._deadlines.end(bound)
         pool.give_back(conn, None, unsure=False)
-        return result
+        return None if token is None else Granted(int(token))
+
+    async def _drop(self, name: str, owner: str, token: int) -> bool | None:
+        fast = self.fast_path
+        pool = self._pool
+        conn = None if pool is None else await pool.lend_idle()
+        if conn is None or pool is None:
+            drop = lambda: fast.drop(name, owner, token)  # noqa: E731
+            return cast("bool | None", await self._call("release", drop, write=False))
+        bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        try:
+            async with conn.cursor() as cursor:
+                count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
+        except BaseException as exc:
+            self._deadlines.end(bound)
+            again = lambda: fast.drop(name, owner, token)  # noqa: E731
+            failed = self._failed(pool, conn, exc, bound, "release", again, sent=True)
+            return cast("bool | None", await failed)
+        self._deadlines.end(bound)
+        pool.give_back(conn, None, unsure=False)
+        return True if count == 1 else None
+
+    async def _failed(
+        self,
+        pool: ConnectionPool,
+        conn: Connection,
+        exc: BaseException,
+        bound: Bound,
+        what: str,
+        again: MakeScript,
+        *,
+        sent: bool,
+    ) -> Any:
+        """A fast-path statement failed: the connection goes; after a deadlock, or when the
+        idle connection was dead and nothing that commits was ``sent`` (an INSERT is safe to
+        run again: it finds the owner's own row), the pool's way runs ``again`` (it retries);
+        else the error, translated (a timeout: the deadline passed)."""
+        pool.give_back(conn, exc, unsure=bound.expired)
+        if bound.expired:
+            raise BackendTimeout(f"mysql: {what} timed out") from exc
+        if is_retryable(exc) or (is_lost(exc) and not sent):
+            return await self._call(what, again, write=False)
+        with translate(what, self.settings.secrets):
+            raise exc
 
     async def _run(self, what: str, read: MakeScript | None, write: MakeScript | None) -> Any:
         answer = None

@@ -187,14 +187,22 @@ async def test_releasing_an_expired_row_reports_false_and_deletes_it(
 async def test_expired_rows_of_other_names_are_swept_by_later_grants(
     backend: MySQLBackend, rows: Rows
 ) -> None:
+    fast = backend.fast_path
+    assert fast is not None
+    fast.sweep_every = 0.5
     dead = await backend.try_acquire(Request("dead", "gone", 0.1), will_wait=False)
-    assert isinstance(dead, Grant)
+    assert isinstance(dead, Grant)  # (the first grant sweeps: the next one is due in 0.5 s)
     await asyncio.sleep(0.2)
-    assert backend.fast_path is not None
-    for _ in range(backend.fast_path.sweep_every):
+
+    async def cycle() -> None:
         grant = await backend.try_acquire(Request("live", "a", 10), will_wait=False)
         assert isinstance(grant, Grant)
         assert await backend.release(grant) is True
+
+    await cycle()
+    assert [row[1] for row in rows()] == ["gone"]  # (expired, but no sweep was due)
+    await asyncio.sleep(0.4)
+    await cycle()
     assert rows() == []  # (the dead holder's row went with a sweep)
 
 
