@@ -49,6 +49,15 @@ __all__ = ["Client", "OnLost", "connect", "default_url"]
 
 log = logging.getLogger("aiodlock")
 
+
+@functools.cache
+def _lock_type() -> type[Lock]:
+    """:class:`~aiodlock.Lock` (a layer above: imported on first use, once)."""
+    from ._lock import Lock
+
+    return Lock
+
+
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _UNRELEASED = "unless the server did it, the lock stays held until its lease ends"
 _CLEANUP = "clean-up of an interrupted acquire"
@@ -292,9 +301,10 @@ class Client:
         owner: str | None = None,
     ) -> Lock:
         """A handle on the lock ``name`` (no I/O).  See :class:`aiodlock.Lock`."""
-        from ._lock import Lock
-
-        return Lock(self, name, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost, owner=owner)
+        lock_type = _lock_type()
+        return lock_type(
+            self, name, ttl=ttl, timeout=timeout, fair=fair, on_lost=on_lost, owner=owner
+        )
 
     def locked(
         self,

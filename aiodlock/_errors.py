@@ -18,8 +18,7 @@ built with :func:`translating`), so a caller only ever sees this tree.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from types import TracebackType
 
 __all__ = [
     "BackendError",
@@ -74,33 +73,49 @@ class BackendTimeout(BackendError, TimeoutError):
     transient = True
 
 
-@contextlib.contextmanager
-def translating(
-    backend: str,
-    errors: tuple[type[BaseException], ...],
-    timeouts: tuple[type[BaseException], ...] = (),
-    *,
-    what: str = "call",
-    secrets: tuple[str, ...] = (),
-    transient: tuple[type[BaseException], ...] = (),
-) -> Iterator[None]:
+class translating:  # (lower case: used as a function, ``with translating(...):``)
     """Map a driver's exceptions onto :class:`BackendError` / :class:`BackendTimeout` (the
     original as ``__cause__``), with messages that name the backend and the operation but
     never a URL (which could carry a password).  ``timeouts`` are checked first (they are
     often subclasses of the driver's base error), then ``transient`` (failures that time can
-    cure, as is every builtin :class:`ConnectionError`)."""
-    timeouts, errors = (TimeoutError, *timeouts), (*errors, OSError)
-    try:
-        yield
-    except LockError:
-        raise
-    except timeouts as exc:
-        raise BackendTimeout(f"{backend}: {what} timed out") from exc
-    except (*transient, *errors) as exc:
-        error = BackendError(f"{backend}: {what} failed: {describe(exc, secrets)}")
-        if isinstance(exc, (*transient, ConnectionError)):
-            error.transient = True
-        raise error from exc
+    cure, as is every builtin :class:`ConnectionError`).  (A class, not a generator: it is
+    entered around every statement of the hot paths, where a call that raises nothing must
+    cost next to nothing.)"""
+
+    __slots__ = ("backend", "errors", "secrets", "timeouts", "transient", "what")
+
+    def __init__(
+        self,
+        backend: str,
+        errors: tuple[type[BaseException], ...],
+        timeouts: tuple[type[BaseException], ...] = (),
+        *,
+        what: str = "call",
+        secrets: tuple[str, ...] = (),
+        transient: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.backend, self.errors, self.timeouts = backend, errors, timeouts
+        self.what, self.secrets, self.transient = what, secrets, transient
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, LockError):
+            return
+        backend, what = self.backend, self.what
+        if isinstance(exc, (TimeoutError, *self.timeouts)):
+            raise BackendTimeout(f"{backend}: {what} timed out") from exc
+        if isinstance(exc, (*self.transient, *self.errors, OSError)):
+            error = BackendError(f"{backend}: {what} failed: {describe(exc, self.secrets)}")
+            if isinstance(exc, (*self.transient, ConnectionError)):
+                error.transient = True
+            raise error from exc
 
 
 def describe(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:

@@ -62,18 +62,23 @@ class Lock:
         self._client = client
         self._entries: dict[asyncio.Task[Any], list[tuple[Hold, BodyEntry]]] = {}
         self.name = check_name(name)
-        self.ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
-        self.timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
-        if not isinstance(fair, bool):
-            raise ConfigurationError(f"fair must be True or False, got {fair!r}")
-        backend = client.backend
-        if fair and not backend.capabilities & (Capability.FAIR | Capability.ALWAYS_FAIR):
-            raise Unsupported(
-                f"the {backend.backend_name} backend cannot grant locks in request order "
-                f"(fair=True)"
-            )
+        # (the defaults, None, need no check: a handle per ``async with`` is the common use)
+        if ttl is not None:
+            ttl = check_seconds("ttl", ttl, allow_none=True, positive=True)
+        if timeout is not None:
+            timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
+        self.ttl, self.timeout = ttl, timeout
+        if fair is not False:
+            if not isinstance(fair, bool):
+                raise ConfigurationError(f"fair must be True or False, got {fair!r}")
+            backend = client.backend
+            if not backend.capabilities & (Capability.FAIR | Capability.ALWAYS_FAIR):
+                raise Unsupported(
+                    f"the {backend.backend_name} backend cannot grant locks in request order "
+                    f"(fair=True)"
+                )
         self.fair = fair
-        if on_lost not in ("cancel", "ignore") and not callable(on_lost):
+        if on_lost != "cancel" and on_lost != "ignore" and not callable(on_lost):
             raise ConfigurationError(
                 f"on_lost must be 'cancel', 'ignore' or a callable, got {on_lost!r}"
             )

@@ -343,10 +343,18 @@ class SharedBoard:
     _registry: ClassVar[dict[Hashable, dict[asyncio.AbstractEventLoop, SharedBoard]]] = {}
     _mutex: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, resource: Hashable, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        resource: Hashable,
+        loop: asyncio.AbstractEventLoop,
+        boards: dict[asyncio.AbstractEventLoop, SharedBoard],
+    ) -> None:
         self.board = WakeupBoard()
         self._resource = resource
         self._loop = loop
+        #: The boards of the resource, this one's included (the registry's entry: it stays
+        #: while this board is in it).
+        self._boards = boards
         self._users = 0
 
     @classmethod
@@ -357,7 +365,7 @@ class SharedBoard:
             boards = cls._registry.setdefault(resource, {})
             shared = boards.get(loop)
             if shared is None:
-                shared = boards[loop] = cls(resource, loop)
+                shared = boards[loop] = cls(resource, loop, boards)
             shared._users += 1
         return shared
 
@@ -372,10 +380,10 @@ class SharedBoard:
 
     def wake_one(self, name: str) -> None:
         """Wake one waiter of ``name`` on this loop's board, or else one on each other's."""
-        if self.board.wake_one(name):
-            return
+        if self.board.wake_one(name) or len(self._boards) < 2:
+            return  # (no other loop has joined: the common case costs no mutex)
         with self._mutex:
-            others = [s for s in self._registry.get(self._resource, {}).values() if s is not self]
+            others = [s for s in self._boards.values() if s is not self]
         for other in others:
             with contextlib.suppress(RuntimeError):  # (its loop closed without leaving)
                 other._loop.call_soon_threadsafe(other.board.wake_one, name)

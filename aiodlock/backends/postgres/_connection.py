@@ -193,7 +193,9 @@ class Listener:
     It also listens on the namespace's channel, for what every client must hear.  Opened by
     the first waiter; when it ends while tasks wait, it is opened again in the background
     (and their places in line taken again), the waiters polling meanwhile.  ``urgent``: the
-    line has urgent rows (the advisory strategy's), which a passed-on call serves first."""
+    line has urgent rows (the advisory strategy's), which a passed-on call serves first;
+    ``mark``: a row in a line comes with the key's line mark (the advisory strategy's: see
+    :data:`~._statements.MARK`)."""
 
     def __init__(
         self,
@@ -202,6 +204,7 @@ class Listener:
         waiters: str,
         *,
         urgent: bool = False,
+        mark: bool = False,
         holds: Callable[[int], bool] | None = None,
     ) -> None:
         self._settings = settings
@@ -211,9 +214,14 @@ class Listener:
         self._forwards: set[asyncio.Task[None]] = set()
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
-        self._join = sql.join_line(waiters)
-        self._leave = sql.leave_line(waiters)
-        self._pass_on = sql.pass_on(waiters, urgent)
+        self._join = sql.join_line(waiters, mark=mark)
+        #: leaving, by a client in the line (it gives its line mark back, if ``mark``) and
+        #: by one whose row went already (a forwarded call)
+        self._leave = {True: sql.leave_line(waiters, mark=mark), False: sql.leave_line(waiters)}
+        self._pass_on = {
+            True: sql.pass_on(waiters, urgent, mark=mark),
+            False: sql.pass_on(waiters, urgent),
+        }
         self.board = WakeupBoard()
         self.conn: asyncpg.Connection | None = None
         self.pid = 0  # the LISTEN session's server process
@@ -308,12 +316,12 @@ class Listener:
     async def _leave_line(self, conn: asyncpg.Connection, key: int, called: bool) -> None:
         """Leave the line of ``key`` (``called``: passing an unused call on to the next
         client); a failure ends the LISTEN session, whose rows then count as gone."""
-        self.joined.pop(key, None)
+        joined = self.joined.pop(key, None) is not None
         try:
             if called:
-                await self._call(conn, conn.execute(self._pass_on, key, self.channel))
+                await self._call(conn, conn.execute(self._pass_on[joined], key, self.channel))
             else:
-                await self._call(conn, conn.execute(self._leave, key))
+                await self._call(conn, conn.execute(self._leave[joined], key))
         except BaseException:
             conn.terminate()
             raise

@@ -59,6 +59,7 @@ class Settings:
         self.user = take_str(options, "user", url.username)
         self.password = take_str(options, "password", url.password)
         self.secrets = (self.password,) if self.password else ()
+        self._translators: dict[str, translating] = {}
         strategy = take_str(options, "strategy", "advisory") or "advisory"
         if strategy not in STRATEGIES:
             raise ConfigurationError(
@@ -86,13 +87,18 @@ class Settings:
         return f"{self.scheme}://{auth}{where}/{quote(self.database or '')}{query}"
 
     def translate(self, what: str) -> contextlib.AbstractContextManager[None]:
-        return translating(
-            "postgres",
-            (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError),
-            what=what,
-            secrets=self.secrets,
-            transient=_TRANSIENT,
-        )
+        """The driver's errors as BackendError, naming ``what`` (one object per ``what``,
+        kept: it holds no state of a call, and statements of the hot paths enter it)."""
+        kept = self._translators.get(what)
+        if kept is None:
+            kept = self._translators[what] = translating(
+                "postgres",
+                (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError),
+                what=what,
+                secrets=self.secrets,
+                transient=_TRANSIENT,
+            )
+        return kept
 
     async def connect(self, **server_settings: str) -> asyncpg.Connection:
         """A new session (``server_settings``: more run-time parameters of the session)."""

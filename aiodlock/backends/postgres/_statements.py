@@ -3,6 +3,7 @@ the NOTIFY channel of a namespace."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 __all__ = [
@@ -12,10 +13,12 @@ __all__ = [
     "lock_key",
     "quote_ident",
     "status",
+    "try_free",
     "try_lock",
 ]
 
 
+@functools.lru_cache(maxsize=1024)
 def lock_key(namespace: str, name: str) -> int:
     """The advisory lock key of ``name`` in ``namespace``: the first 8 bytes of a BLAKE2b
     digest, as a signed bigint.  Stable across processes, versions and platforms.  Two names
@@ -51,6 +54,37 @@ def create_table(table: str) -> str:
     )
 
 
+#: The arguments of a key's *line mark*: the two-int4 advisory lock (a lock space apart from
+#: the bigint keys') that every client in the key's line holds SHARED on its LISTEN session
+#: while its row is in the line (taken before the row is made, given back once it is gone,
+#: and gone with the session).  A statement that finds nobody in line through it, by taking
+#: it EXCLUSIVE for its own transaction (``pg_try_advisory_xact_lock``, a probe of the lock
+#: manager), reads no table: the uncontended path's attempt and release skip the line.
+#: (Derived from the key: two keys that share a mark, or an application's own two-int lock
+#: on it, only send a statement to the table's reads.)
+MARK = "($1::bigint >> 32)::int, ($1::bigint & 2147483647)::int"
+
+#: Nobody is in the key's line (the mark was free; held to the end of the transaction).
+NOBODY_IN_LINE = f"pg_try_advisory_xact_lock({MARK})"
+
+
+def try_free(table: str) -> str:
+    """$1 key, $2 name, $3 owner (UTF-8) -> (ok, token): the attempt of a client not in the
+    key's line when nobody is in it (the line mark is free: no table but the counter row is
+    read, and no plan of the line's is even started), the lock tried and, when taken, the
+    counter row bumped in the same statement.  ``ok`` NULL: somebody is in the line, and
+    :func:`try_lock` decides; false: held by another session; true: taken, ``token``."""
+    return (
+        f"WITH got AS (SELECT CASE WHEN {NOBODY_IN_LINE}"
+        " THEN pg_try_advisory_lock($1::bigint) END AS ok),"
+        f" bumped AS (INSERT INTO {table} AS c (key, name, owner, token, pid) "
+        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE got.ok "
+        "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
+        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() RETURNING token)"
+        " SELECT got.ok, (SELECT token FROM bumped) FROM got"
+    )
+
+
 def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     """$1 key, $2 name, $3 owner (UTF-8), $4 the pid of this client's LISTEN session (0: none),
     and with ``in_line`` (this client has a row in the line of the key) $5 channel, $6
@@ -58,8 +92,9 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
 
     Nobody barges past the urgent line: the lock is tried only when no live client other than
     this one has an urgent row for the key that ranks first (an earlier ``urgent_since`` than
-    this client's, any if it has none; any task of an urgent client has its client's place):
-    when nobody waits, one index probe of an empty line.  The counter row is bumped only
+    this client's, any if it has none; any task of an urgent client has its client's place).
+    (A client not in line sends it when :func:`try_free` found somebody in line.)  The
+    counter row is bumped only
     when the lock was taken, in the same statement (one round trip); each CTE runs once (a
     volatile function is never inlined), and CASE tries the lock only when it must.
 
@@ -142,35 +177,45 @@ def alive(pid: str) -> str:
 DEAD_PID = "NOT " + alive("pid")
 
 
-def join_line(waiters: str) -> str:
-    """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way)."""
+def join_line(waiters: str, *, mark: bool = False) -> str:
+    """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way);
+    ``mark``: it takes the key's line mark (:data:`MARK`) before its row is made."""
+    marked = f"m AS (SELECT pg_advisory_lock_shared({MARK})), " if mark else ""
     return (
-        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
+        f"WITH {marked}gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
         + DEAD_PID
-        + f") INSERT INTO {waiters} (key, pid) VALUES ($1::bigint, pg_backend_pid()) "
-        "ON CONFLICT DO NOTHING"
+        + f") INSERT INTO {waiters} (key, pid) SELECT $1::bigint, pg_backend_pid()"
+        + (" FROM m" if mark else "")
+        + " ON CONFLICT DO NOTHING"
     )
 
 
-def leave_line(waiters: str) -> str:
-    """$1 key: this client waits for it no more."""
-    return f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
+def leave_line(waiters: str, *, mark: bool = False) -> str:
+    """$1 key: this client waits for it no more (``mark``: it gives its line mark back)."""
+    gone = f"DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid()"
+    if not mark:
+        return gone
+    return f"WITH gone AS ({gone}) SELECT pg_advisory_unlock_shared({MARK})"
 
 
 #: The order of a line: by ``since``; with urgent clients, those first.
 _ORDER = {False: "since", True: "urgent_since NULLS LAST, since"}
 
 
-def pass_on(waiters: str, urgent: bool = False) -> str:
+def pass_on(waiters: str, urgent: bool = False, *, mark: bool = False) -> str:
     """$1 key, $2 channel: leave the line of ``key``, calling the next client in it (this
     client was called and its waiter left without asking: a timeout, a cancellation);
-    ``urgent``: the line has urgent clients, who come first."""
-    return (
-        f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
-        " SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
+    ``urgent``: the line has urgent clients, who come first; ``mark``: it gives its line
+    mark back."""
+    call = (
+        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM"
         f" (SELECT pid FROM {waiters} WHERE key = $1::bigint AND pid <> pg_backend_pid()"
         " AND NOT " + DEAD_PID + f" ORDER BY {_ORDER[urgent]} LIMIT 1) w"
     )
+    gone = f"WITH gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND pid = pg_backend_pid())"
+    if not mark:
+        return f"{gone} {call}"
+    return f"{gone} SELECT pg_advisory_unlock_shared({MARK}), ({call})"
 
 
 def call_next(waiters: str) -> str:
@@ -186,14 +231,11 @@ def call_next(waiters: str) -> str:
     )
 
 
-def unlock(waiters: str) -> str:
-    """$1 key -> (was it held, does a client wait for it).  Only the unlock and an index
-    probe of the line: a release that nobody waits for costs the server next to nothing,
-    and one that somebody waits for is followed by :func:`call_next`."""
-    return (
-        "SELECT pg_advisory_unlock($1::bigint), "
-        f"EXISTS (SELECT 1 FROM {waiters} WHERE key = $1::bigint)"
-    )
+#: $1 key -> (was it held, may a client wait for it).  The unlock, then a probe of the
+#: key's line mark (no table is read): a release that nobody waits for costs the server
+#: next to nothing, and one that somebody may wait for is followed by :func:`call_next`.
+#: (In this order: a waiter whose attempt failed before the unlock holds its mark by then.)
+UNLOCK = f"SELECT pg_advisory_unlock($1::bigint), NOT {NOBODY_IN_LINE}"
 
 
 _HELD_BY = (

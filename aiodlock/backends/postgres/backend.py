@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self, cast
 
@@ -78,11 +78,13 @@ class PostgresBackend(Backend):
         self.table = table
         self._table = sql.quote_ident(table)
         self._waiters = sql.quote_ident(f"{table}_waiters")
-        self._unlock_sql = sql.unlock(self._waiters)
+        self._unlock_sql = sql.UNLOCK
         self._call_next = sql.call_next(self._waiters)
         self.poll_interval = settings.poll_interval
         self.channel = sql.channel_of(config.namespace)
-        #: the attempt of a client not in the key's line, and of one in it
+        #: the attempt of a client not in the key's line (when nobody is in it, and when
+        #: somebody is), and of one in it
+        self._try_free = sql.try_free(self._table)
         self._try_lock = sql.try_lock(self._table, self._waiters, in_line=False)
         self._try_in_line = sql.try_lock(self._table, self._waiters, in_line=True)
         self._status = sql.status(self._table)
@@ -139,6 +141,7 @@ class PostgresBackend(Backend):
             self.channel,
             self._waiters,
             urgent=True,
+            mark=True,
             holds=lambda key: key in self._held,
         )
         try:
@@ -216,8 +219,7 @@ class PostgresBackend(Backend):
                 self._doubt[key] = (request.owner, generation)
                 try:
                     name, owner = sql.encode(request.name), sql.encode(request.owner)
-                    step = self._attempt(conn, key, name, owner, request.urgent)
-                    token = await holder.call(conn, step)
+                    token = await self._attempt(conn, key, name, owner, request.urgent)
                 except _SESSION_ENDED:
                     self._doubt.pop(key, None)  # (the session is gone, and its locks)
                     raise
@@ -231,18 +233,22 @@ class PostgresBackend(Backend):
         holder.keep_alive()
         return grant
 
-    def _attempt(
+    async def _attempt(
         self, conn: asyncpg.Connection, key: int, name: bytes, owner: bytes, urgent: bool
-    ) -> Awaitable[int | None]:
-        """The try-lock statement: an urgent request marks its client's row in the line."""
-        listener = self.listener
-        args = (key, name, owner, listener.pid)  # (pid 0: not listening)
+    ) -> int | None:
+        """The try-lock statement (the token, or None: busy): an urgent request marks its
+        client's row in the line; a client not in line first tries as if nobody were."""
+        holder, listener = self.holder, self.listener
         called = listener.take_call(key)  # (taken by every attempt: it is about this one)
-        if listener.listening_for(key):
-            step = conn.fetchval(self._try_in_line, *args, self.channel, urgent, called)
+        if not listener.listening_for(key):
+            ok, token = await holder.call(conn, conn.fetchrow(self._try_free, key, name, owner))
+            if ok is not None:  # (else somebody is in line: the line decides)
+                return cast("int | None", token)
+            step = conn.fetchval(self._try_lock, key, name, owner, listener.pid)
         else:
-            step = conn.fetchval(self._try_lock, *args)
-        return cast("Awaitable[int | None]", step)
+            args = (key, name, owner, listener.pid, self.channel, urgent, called)
+            step = conn.fetchval(self._try_in_line, *args)
+        return cast("int | None", await holder.call(conn, step))
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self.listener.waiter(self.key(request.name), Backoff(0.01, self.poll_interval))

@@ -6,6 +6,7 @@ import asyncpg
 
 import aiodlock
 from aiodlock.backends.postgres import PostgresBackend
+from aiodlock.backends.postgres import _statements as sql
 from aiodlock.backends.postgres.table import LISTENERS
 
 
@@ -37,3 +38,22 @@ async def line(conn: asyncpg.Connection, client: aiodlock.Client, key: int) -> l
         key,
     )
     return [r["pid"] for r in rows]
+
+
+async def marked_by(conn: asyncpg.Connection, key: int) -> list[int]:
+    """The server pids of the sessions holding the line mark of ``key`` (shared, each once)."""
+    rows = await conn.fetch(
+        "SELECT l.pid FROM pg_locks l, (SELECT " + sql.MARK.replace(", ", " AS hi, ", 1)
+        + " AS lo) m WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
+        " AND l.mode = 'ShareLock' AND l.classid::bigint = (m.hi::bigint & 4294967295)"
+        " AND l.objid::bigint = (m.lo::bigint & 4294967295) ORDER BY l.pid",
+        key,
+    )
+    return [r["pid"] for r in rows]
+
+
+async def mark(conn: asyncpg.Connection, key: int, *, held: bool = True) -> None:
+    """Take (or give back) the line mark of ``key`` on ``conn``'s session, as a client with a
+    row in its line holds it (for a row a test makes by hand)."""
+    what = "pg_advisory_lock_shared" if held else "pg_advisory_unlock_shared"
+    await conn.execute(f"SELECT {what}({sql.MARK})", key)

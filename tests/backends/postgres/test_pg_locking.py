@@ -17,7 +17,7 @@ from tests.helpers import HANG, ClientFactory, eventually, take_turns
 from tests.servers import PostgresServer
 
 from .conftest import RawFactory
-from .pg_helpers import backend_of, holders, line
+from .pg_helpers import backend_of, holders, line, marked_by
 
 
 async def test_two_tasks_of_one_client_exclude_each_other(
@@ -79,6 +79,10 @@ async def test_one_client_is_woken_per_release(
         table = f"{holder.backend.table}_waiters"  # type: ignore[attr-defined]
         marked = f'SELECT count(*) FROM "{table}" WHERE key = $1 AND urgent_since IS NOT NULL'
         await eventually(lambda: _fetch_is(conn, marked, key, 4), what="4 urgent waiters in line")
+        # (each client in line holds the key's line mark, by which a release knows that
+        # somebody waits without reading the line)
+        pids = sorted(c.backend.listener.pid for c in waiters)  # type: ignore[attr-defined]
+        assert await marked_by(conn, key) == pids
     await holder.lock("herd").release()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
     # 4 releases (the holder's, then 3 waiters'): each woke exactly one waiter, in the
@@ -94,6 +98,7 @@ async def test_one_client_is_woken_per_release(
         assert sum(x.heard for x in listeners) <= 4 + 3 + 2 + 1
     assert len(set(order)) == 4
     assert await line(conn, holder, key) == []
+    assert await marked_by(conn, key) == []  # (given back with the rows)
     assert not bystander.done()  # a waiter of another name slept through all of it
     assert other_name.backend.listener.heard == 0  # type: ignore[attr-defined]
     bystander.cancel()
@@ -112,6 +117,10 @@ async def _take(client: aiodlock.Client, name: str) -> None:
 
 async def _none(conn: object, key: int) -> bool:
     return await holders(conn, key) == []  # type: ignore[arg-type]
+
+
+async def _unmarked(conn: object, key: int) -> bool:
+    return await marked_by(conn, key) == []  # type: ignore[arg-type]
 
 
 async def _lined_up(conn: object, client: aiodlock.Client, key: int, n: int) -> bool:
@@ -139,6 +148,7 @@ async def test_cancellation_at_any_point_leaves_nothing_behind(
     await eventually(lambda: _none(conn, free_key), what="'free' released")
     # (a join cut short ends its LISTEN session: its row is gone once the session is)
     await eventually(lambda: _lined_up(conn, a, key, 0), what="no place left in line")
+    await eventually(lambda: _unmarked(conn, key), what="no line mark left")
     # The client goes on normally.
     await blocker.lock("cancel").release()
     async with a.lock("cancel", timeout=HANG), a.lock("free", timeout=HANG):

@@ -18,7 +18,7 @@ from tests.helpers import HANG, ClientFactory, eventually
 from tests.servers import PostgresServer
 
 from .conftest import RawFactory
-from .pg_helpers import backend_of, holders
+from .pg_helpers import backend_of, holders, mark
 
 
 async def _urgent(conn: asyncpg.Connection, client: aiodlock.Client, key: int) -> list[int]:
@@ -100,10 +100,14 @@ async def test_an_urgent_row_of_a_dead_session_bars_nobody(
     await conn.execute(
         f"INSERT INTO {table} (key, pid, urgent_since) VALUES ($1, $2, now())", key, dead
     )
+    # (somebody is in the line, as its mark shows: the attempt reads the line, and finds
+    # the urgent row's session gone)
+    await mark(conn, key)
     lease = await client.lock("ghost").try_acquire()
     assert lease is not None
     await client.lock("ghost").release()
     await conn.execute(f"DELETE FROM {table} WHERE key = $1", key)
+    await mark(conn, key, held=False)
 
 
 async def test_a_client_is_not_barred_by_its_own_urgent_row(
@@ -120,12 +124,14 @@ async def test_a_client_is_not_barred_by_its_own_urgent_row(
     table = f'"{backend_of(client).table}_waiters"'
     insert = f"INSERT INTO {table} (key, pid, urgent_since) VALUES ($1, $2, now())"
     await conn.execute(insert, key, listener.pid)  # (another task of the client, urgent)
+    await mark(conn, key)  # (its line mark, held for it)
     try:
         assert await other.lock("own").try_acquire() is None
         async with client.lock("own", timeout=0) as lease:
             assert lease.token >= 1
     finally:
         await conn.execute(f"DELETE FROM {table} WHERE key = $1", key)
+        await mark(conn, key, held=False)
         waiting.cancel()
     assert await other.lock("own").try_acquire() is not None
     await other.lock("own").release()
