@@ -80,10 +80,12 @@ class Watchdog:
 
     def track(self, hold: Hold) -> None:
         first = math.inf
-        if self._renews(hold):
+        if not hold.fixed_ttl and not self._session_bound:  # (see _renews)
             first = hold.renew_at = hold.acquired_at + self.interval
         if hold.expires_at is not None and hold.expires_at < first:
             first = hold.expires_at
+        if first == math.inf:
+            return  # (a session's lease: nothing to renew, no end of its own)
         if first < self._wake_at:
             self._schedule(hold)  # (and wake the loop earlier)
             return

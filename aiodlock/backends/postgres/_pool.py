@@ -23,6 +23,7 @@ import asyncpg
 from ..._errors import BackendError
 from ..._retry import InDoubt, retrying
 from .._sql import Fetch, Script, run_script_async
+from ._connection import CLOSED
 
 __all__ = ["Pool", "Session", "server_timeouts"]
 
@@ -140,7 +141,7 @@ class Pool:
                 with self._translate(what):
                     async with self._slots:
                         if self.closed:
-                            raise BackendError("postgres: the client is not open (or was closed)")
+                            raise BackendError(CLOSED)
                         while self._idle and session is None:
                             session = self._idle.pop()
                             if session.conn.is_closed():

@@ -39,7 +39,7 @@ from ..._url import ParsedURL, take_str
 from ..._wakeup import Backoff
 from .._base import Backend
 from . import _statements as sql
-from ._connection import Holder, Listener
+from ._connection import CLOSED, Holder, Listener
 from ._settings import CREATE_RACE, Settings
 
 __all__ = ["PostgresBackend"]
@@ -88,6 +88,8 @@ class PostgresBackend(Backend):
         self._try_lock = sql.try_lock(self._table, self._waiters, in_line=False)
         self._try_in_line = sql.try_lock(self._table, self._waiters, in_line=True)
         self._status = sql.status(self._table)
+        self._acquiring = settings.translate("acquire")
+        self._releasing = settings.translate("release")
         self._on_lost: LostCallback | None = None
         self._holder: Holder | None = None
         self._listener: Listener | None = None
@@ -123,13 +125,13 @@ class PostgresBackend(Backend):
     @property
     def holder(self) -> Holder:
         if self._holder is None:
-            raise BackendError("postgres: the client is not open (or was closed)")
+            raise BackendError(CLOSED)
         return self._holder
 
     @property
     def listener(self) -> Listener:
         if self._listener is None:
-            raise BackendError("postgres: the client is not open (or was closed)")
+            raise BackendError(CLOSED)
         return self._listener
 
     async def open(self, on_lost: LostCallback) -> None:
@@ -195,31 +197,52 @@ class PostgresBackend(Backend):
         # about poll_interval even when no release is heard.
         return Busy(random.uniform(self.poll_interval / 2, self.poll_interval))
 
-    def _taken_here(self, key: int, request: Request) -> Grant | Busy | None:
+    def _taken_here(self, key: int, request: Request) -> Grant | Busy:
+        """(``key`` is held on the holder session, or an attempt of it is in doubt) the
+        grant again, for a retried attempt of its owner; else busy."""
         grant = self._held.get(key)
-        if grant is not None:
-            mine = grant.owner == request.owner and grant.name == request.name
-            return grant if mine else self._busy()  # (a retried attempt: the same grant)
-        return self._busy() if key in self._doubt else None
+        if grant is not None and grant.owner == request.owner and grant.name == request.name:
+            return grant  # (a retried attempt: the same grant)
+        return self._busy()
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
-        key = self.key(request.name)
-        local = self._taken_here(key, request)
-        if local is not None:
-            return local
-        holder = self.holder
-        with self._translate("acquire"):
+        key = sql.lock_key(self.config.namespace, request.name)
+        if key in self._held or key in self._doubt:
+            return self._taken_here(key, request)
+        holder, listener = self._holder, self._listener
+        if holder is None or listener is None:
+            raise BackendError(CLOSED)
+        with self._acquiring:
             conn = await holder.begin()
             try:
                 assert conn is not None
-                local = self._taken_here(key, request)  # (while this task waited its turn)
-                if local is not None:
-                    return local
+                if key in self._held or key in self._doubt:  # (while this task waited its turn)
+                    return self._taken_here(key, request)
                 generation = holder.generation
                 self._doubt[key] = (request.owner, generation)
                 try:
                     name, owner = sql.encode(request.name), sql.encode(request.owner)
-                    token = await self._attempt(conn, key, name, owner, request.urgent)
+                    called = listener.take_call(key)  # (taken by every attempt: about this one)
+                    if listener.listening_for(key):
+                        # (in the line: an urgent request marks its client's row)
+                        args = (
+                            key,
+                            name,
+                            owner,
+                            listener.pid,
+                            self.channel,
+                            request.urgent,
+                            called,
+                        )
+                        token = await holder.call(conn, conn.fetchval(self._try_in_line, *args))
+                    else:
+                        # (not in line: tried as if nobody were, the line's statement only
+                        # when somebody is in it)
+                        step = conn.fetchrow(self._try_free, key, name, owner)
+                        ok, token = await holder.call(conn, step)
+                        if ok is None:
+                            step = conn.fetchval(self._try_lock, key, name, owner, listener.pid)
+                            token = await holder.call(conn, step)
                 except _SESSION_ENDED:
                     self._doubt.pop(key, None)  # (the session is gone, and its locks)
                     raise
@@ -232,23 +255,6 @@ class PostgresBackend(Backend):
         self._held[key] = grant
         holder.keep_alive()
         return grant
-
-    async def _attempt(
-        self, conn: asyncpg.Connection, key: int, name: bytes, owner: bytes, urgent: bool
-    ) -> int | None:
-        """The try-lock statement (the token, or None: busy): an urgent request marks its
-        client's row in the line; a client not in line first tries as if nobody were."""
-        holder, listener = self.holder, self.listener
-        called = listener.take_call(key)  # (taken by every attempt: it is about this one)
-        if not listener.listening_for(key):
-            ok, token = await holder.call(conn, conn.fetchrow(self._try_free, key, name, owner))
-            if ok is not None:  # (else somebody is in line: the line decides)
-                return cast("int | None", token)
-            step = conn.fetchval(self._try_lock, key, name, owner, listener.pid)
-        else:
-            args = (key, name, owner, listener.pid, self.channel, urgent, called)
-            step = conn.fetchval(self._try_in_line, *args)
-        return cast("int | None", await holder.call(conn, step))
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         return self.listener.waiter(self.key(request.name), Backoff(0.01, self.poll_interval))
@@ -272,8 +278,10 @@ class PostgresBackend(Backend):
         held: _Held = grant.data
         if self._held.get(held.key) is not grant:
             return False  # lost with its session, or broken by force_release
-        holder = self.holder
-        with self._translate("release"):
+        holder = self._holder
+        if holder is None:
+            raise BackendError(CLOSED)
+        with self._releasing:
             conn = await holder.begin(connect=False)
             try:
                 if conn is None or holder.generation != held.generation:

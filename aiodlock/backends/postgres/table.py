@@ -31,7 +31,7 @@ from ..._wakeup import Backoff, WakeupBoard
 from .._sql import Execute, Fetch, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
-from ._connection import Listener
+from ._connection import CLOSED, Listener
 from ._pool import Pool, server_timeouts
 from ._settings import CREATE_RACE, Settings
 from ._table_sql import AnnouncingFastPath, AnnouncingTable
@@ -99,7 +99,7 @@ class PostgresTableBackend(LockTableBackend):
     @property
     def listener(self) -> Listener:
         if self._listener is None:
-            raise BackendError("postgres: the client is not open (or was closed)")
+            raise BackendError(CLOSED)
         return self._listener
 
     # -- connections -----------------------------------------------------------------------------
@@ -108,7 +108,7 @@ class PostgresTableBackend(LockTableBackend):
         """Run one script on a pooled session, bounded by ``op_timeout``."""
         pool = self._pool
         if pool is None:
-            raise BackendError("postgres: the client is not open (or was closed)")
+            raise BackendError(CLOSED)
         with self.settings.translate(what):  # (the pool translates the rest; this: the timeout)
             async with asyncio.timeout(self.config.op_timeout):
                 return await pool.run(script, write=write, what=what)
