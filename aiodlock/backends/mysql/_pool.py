@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ..._errors import BackendError, translating
 from ..._retry import InDoubt, retrying
+from ..._slots import Slots
 from .._sql import Script, run_script_async
 from ._driver import Connection, driver_errors, error_code
 
@@ -133,7 +134,7 @@ class ConnectionPool:
         self._secrets = secrets
         self._is_closed = is_closed
         self._idle: list[Connection] = []
-        self._slots = asyncio.Semaphore(size)
+        self._slots = Slots(size)
         #: The server sessions of connections closed as their call was cancelled (see
         #: :meth:`settle`).
         self._orphans: InDoubt[int] = InDoubt()
@@ -154,18 +155,17 @@ class ConnectionPool:
         else:
             self._idle.append(conn)
 
-    async def lend_idle(self) -> Connection | None:
+    def lend_idle(self) -> Connection | None:
         """An idle connection if one is idle and a slot is free (no wait, no connect), else
         None; it comes back through :meth:`give_back`."""
-        if self.closed or not self._idle or self._slots.locked():
+        if self.closed or not self._idle or not self._slots.take_now():
             return None
-        await self._slots.acquire()  # (returns at once: a slot is free)
         return self._idle.pop()
 
     def give_back(self, conn: Connection, failure: BaseException | None, *, unsure: bool) -> None:
         """Take back a connection of :meth:`lend_idle` (see :meth:`_give_back`)."""
         self._give_back(conn, failure, unsure=unsure)
-        self._slots.release()
+        self._slots.give()
 
     async def run(self, fn: Callable[[Connection, Run], Awaitable[T]], what: str = "call") -> T:
         """``fn(connection, run)`` on a lent connection, its errors translated; again (the

@@ -100,7 +100,7 @@ class MySQLBackend(LockTableBackend):
     async def _grab(self, name: str, owner: str, ttl: float) -> Granted | None:
         fast = self.fast_path
         pool = self._pool
-        conn = None if pool is None else await pool.lend_idle()
+        conn = None if pool is None else pool.lend_idle()
         if conn is None or pool is None:
             grab = lambda: fast.grab(name, owner, ttl)  # noqa: E731
             return cast("Granted | None", await self._call("acquire", grab, write=False))
@@ -130,7 +130,7 @@ class MySQLBackend(LockTableBackend):
     async def _drop(self, name: str, owner: str, token: int) -> bool | None:
         fast = self.fast_path
         pool = self._pool
-        conn = None if pool is None else await pool.lend_idle()
+        conn = None if pool is None else pool.lend_idle()
         if conn is None or pool is None:
             drop = lambda: fast.drop(name, owner, token)  # noqa: E731
             return cast("bool | None", await self._call("release", drop, write=False))

@@ -14,6 +14,7 @@ import asyncpg
 
 from ..._errors import BackendError
 from ..._shield import finish
+from ..._slots import Slots
 from ..._types import monotonic
 from ..._wakeup import Backoff, BoardWaiter, Heartbeat, Timer, WakeupBoard
 from . import _statements as sql
@@ -59,7 +60,7 @@ class Holder:
         self.generation = 0
         self.pid: int | None = None  # the server process of the session
         self.closed = False
-        self._mutex = asyncio.Lock()
+        self._mutex = Slots(1)
         self._last = 0.0  # when the server last answered
         self._timer = Timer(self._due)
         self._ping: asyncio.Task[None] | None = None
@@ -71,7 +72,8 @@ class Holder:
     async def begin(self, *, connect: bool = True) -> asyncpg.Connection | None:
         """The connection, for this task alone until :meth:`end` (opened when ``connect``
         and there is none)."""
-        await self._mutex.acquire()
+        if not self._mutex.take_now():
+            await self._mutex.take()
         try:
             if self.closed:
                 raise BackendError(CLOSED)
@@ -80,11 +82,11 @@ class Holder:
                 conn = await self._open()
             return conn
         except BaseException:
-            self._mutex.release()
+            self._mutex.give()
             raise
 
     def end(self) -> None:
-        self._mutex.release()
+        self._mutex.give()
 
     @contextlib.asynccontextmanager
     async def session(self, *, connect: bool = True) -> AsyncIterator[asyncpg.Connection | None]:
