@@ -44,6 +44,8 @@ class Driver:
     error: type[Exception]
     #: ``is_closed(conn)``: the connection was closed (by us or after a failure).
     is_closed: Callable[[Connection], bool]
+    #: ``await cursor(conn)``: a new cursor of ``conn`` (its ``connection`` is ``conn``).
+    cursor: Callable[[Connection], Awaitable[Cursor]]
 
 
 def _aiomysql() -> Driver:
@@ -58,7 +60,12 @@ def _aiomysql() -> Driver:
             **kwargs,
         )
 
-    return Driver("aiomysql", connect, pymysql.err.MySQLError, lambda conn: bool(conn.closed))
+    async def cursor(conn: Connection) -> Cursor:
+        return await conn.cursor()
+
+    return Driver(
+        "aiomysql", connect, pymysql.err.MySQLError, lambda conn: bool(conn.closed), cursor
+    )
 
 
 def _asyncmy() -> Driver:
@@ -72,7 +79,12 @@ def _asyncmy() -> Driver:
             **kwargs,
         )
 
-    return Driver("asyncmy", connect, asyncmy.errors.MySQLError, lambda conn: not conn.connected)
+    async def cursor(conn: Connection) -> Cursor:
+        return conn.cursor()
+
+    return Driver(
+        "asyncmy", connect, asyncmy.errors.MySQLError, lambda conn: not conn.connected, cursor
+    )
 
 
 @functools.cache

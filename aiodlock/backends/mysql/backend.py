@@ -24,7 +24,7 @@ from .._sql import Execute, Granted, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from .._sql_fast import FastPath
 from ._dialect import MYSQL
-from ._driver import Connection, driver_errors, error_code, load
+from ._driver import Connection, Cursor, driver_errors, error_code, load
 from ._pool import (
     DUPLICATE_KEY,
     ConnectionPool,
@@ -55,6 +55,10 @@ class MySQLBackend(LockTableBackend):
         self.fast_path: FastPath = FastPath(self.table)
         self._pool: ConnectionPool | None = None
         self._deadlines = Deadlines()
+        #: id(connection) -> the cursor the fast path keeps for it (one per connection, as
+        #: a loop of statements on one connection keeps one; checked against its
+        #: ``connection``, so a connection closed and a new one at its address never mix)
+        self._cursors: dict[int, Cursor] = {}
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -107,17 +111,19 @@ class MySQLBackend(LockTableBackend):
         bound = self._deadlines.start(self.config.op_timeout, conn.close)
         swept = False
         try:
-            async with conn.cursor() as cursor:
-                try:
-                    count = await cursor.execute(fast.grab_sql, fast.grab_params(name, owner, ttl))
-                except driver_errors() as exc:
-                    if error_code(exc) != DUPLICATE_KEY:
-                        raise
-                    count = 0  # (the name has a row: the table's scripts decide)
-                token = cursor.lastrowid if count == 1 else None
-                if token is not None and fast.sweep_due():
-                    swept = True  # (it commits as soon as it is sent)
-                    await cursor.execute(fast.sweep_sql)
+            cursor = self._cursors.get(id(conn))
+            if cursor is None or cursor.connection is not conn:
+                cursor = await self._new_cursor(conn)
+            try:
+                count = await cursor.execute(fast.grab_sql, fast.grab_params(name, owner, ttl))
+            except driver_errors() as exc:
+                if error_code(exc) != DUPLICATE_KEY:
+                    raise
+                count = 0  # (the name has a row: the table's scripts decide)
+            token = cursor.lastrowid if count == 1 else None
+            if token is not None and fast.sweep_due():
+                swept = True  # (it commits as soon as it is sent)
+                await cursor.execute(fast.sweep_sql)
         except BaseException as exc:
             self._deadlines.end(bound)
             again = lambda: fast.grab(name, owner, ttl)  # noqa: E731
@@ -136,8 +142,10 @@ class MySQLBackend(LockTableBackend):
             return cast("bool | None", await self._call("release", drop, write=False))
         bound = self._deadlines.start(self.config.op_timeout, conn.close)
         try:
-            async with conn.cursor() as cursor:
-                count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
+            cursor = self._cursors.get(id(conn))
+            if cursor is None or cursor.connection is not conn:
+                cursor = await self._new_cursor(conn)
+            count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
         except BaseException as exc:
             self._deadlines.end(bound)
             again = lambda: fast.drop(name, owner, token)  # noqa: E731
@@ -146,6 +154,13 @@ class MySQLBackend(LockTableBackend):
         self._deadlines.end(bound)
         pool.give_back(conn, None, unsure=False)
         return True if count == 1 else None
+
+    async def _new_cursor(self, conn: Connection) -> Cursor:
+        if len(self._cursors) > 2 * self.settings.pool_size:
+            # (those of connections closed since: the pool never holds more than its size)
+            self._cursors.clear()
+        cursor = self._cursors[id(conn)] = await load(self.settings.driver).cursor(conn)
+        return cursor
 
     async def _failed(
         self,
@@ -208,6 +223,7 @@ class MySQLBackend(LockTableBackend):
         self._join_board(("mysql", s.host, s.port, s.database))
 
     async def aclose(self) -> None:
+        self._cursors.clear()
         self._leave_board()
         self._deadlines.cancel()
         pool, self._pool = self._pool, None
