@@ -15,6 +15,16 @@ async def _waiting(slots: Slots, order: list[str], name: str) -> None:
     order.append(name)
 
 
+async def _line(names: str) -> tuple[Slots, list[str], list[asyncio.Task[None]]]:
+    """One slot, taken; a task per name waiting for it, in that order."""
+    slots = Slots(1)
+    assert slots.take_now()
+    order: list[str] = []
+    tasks = [asyncio.create_task(_waiting(slots, order, n)) for n in names]
+    await asyncio.sleep(0)  # (all of them wait)
+    return slots, order, tasks
+
+
 async def test_a_free_slot_is_taken_at_once_and_none_past_the_size() -> None:
     slots = Slots(2)
     assert slots.take_now()
@@ -25,11 +35,7 @@ async def test_a_free_slot_is_taken_at_once_and_none_past_the_size() -> None:
 
 
 async def test_waiters_are_served_in_order_and_none_is_passed_by_a_newcomer() -> None:
-    slots = Slots(1)
-    assert slots.take_now()
-    order: list[str] = []
-    tasks = [asyncio.create_task(_waiting(slots, order, n)) for n in "abc"]
-    await asyncio.sleep(0)  # (all three wait)
+    slots, order, tasks = await _line("abc")
     slots.give()
     assert not slots.take_now()  # (the slot went to "a", not to whoever asks now)
     await asyncio.sleep(0)
@@ -44,33 +50,23 @@ async def test_waiters_are_served_in_order_and_none_is_passed_by_a_newcomer() ->
 
 
 async def test_a_waiter_cancelled_before_its_turn_leaves_the_line() -> None:
-    slots = Slots(1)
-    assert slots.take_now()
-    order: list[str] = []
-    first = asyncio.create_task(_waiting(slots, order, "first"))
-    second = asyncio.create_task(_waiting(slots, order, "second"))
-    await asyncio.sleep(0)
+    slots, order, (first, second) = await _line("12")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
     slots.give()
     await asyncio.wait_for(second, 1)
-    assert order == ["second"]
+    assert order == ["2"]
 
 
 async def test_a_waiter_cancelled_as_the_slot_came_passes_it_on() -> None:
-    slots = Slots(1)
-    assert slots.take_now()
-    order: list[str] = []
-    first = asyncio.create_task(_waiting(slots, order, "first"))
-    second = asyncio.create_task(_waiting(slots, order, "second"))
-    await asyncio.sleep(0)
-    slots.give()  # (handed to "first", which has not run yet)
+    slots, order, (first, second) = await _line("12")
+    slots.give()  # (handed to "1", which has not run yet)
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
-    await asyncio.wait_for(second, 1)  # (the slot went on to "second": none was lost)
-    assert order == ["second"]
+    await asyncio.wait_for(second, 1)  # (the slot went on to "2": none was lost)
+    assert order == ["2"]
     slots.give()
     assert slots.take_now()
     assert not slots.take_now()

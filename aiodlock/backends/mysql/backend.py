@@ -103,12 +103,11 @@ class MySQLBackend(LockTableBackend):
 
     async def _grab(self, name: str, owner: str, ttl: float) -> Granted | None:
         fast = self.fast_path
-        pool = self._pool
-        conn = None if pool is None else pool.lend_idle()
-        if conn is None or pool is None:
-            grab = lambda: fast.grab(name, owner, ttl)  # noqa: E731
-            return cast("Granted | None", await self._call("acquire", grab, write=False))
-        bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        again = lambda: fast.grab(name, owner, ttl)  # noqa: E731
+        lent = self._lend()
+        if lent is None:
+            return cast("Granted | None", await self._call("acquire", again, write=False))
+        pool, conn, bound = lent
         swept = False
         try:
             cursor = self._cursors.get(id(conn))
@@ -125,8 +124,6 @@ class MySQLBackend(LockTableBackend):
                 swept = True  # (it commits as soon as it is sent)
                 await cursor.execute(fast.sweep_sql)
         except BaseException as exc:
-            self._deadlines.end(bound)
-            again = lambda: fast.grab(name, owner, ttl)  # noqa: E731
             failed = self._failed(pool, conn, exc, bound, "acquire", again, sent=swept)
             return cast("Granted | None", await failed)
         self._deadlines.end(bound)
@@ -135,25 +132,31 @@ class MySQLBackend(LockTableBackend):
 
     async def _drop(self, name: str, owner: str, token: int) -> bool | None:
         fast = self.fast_path
-        pool = self._pool
-        conn = None if pool is None else pool.lend_idle()
-        if conn is None or pool is None:
-            drop = lambda: fast.drop(name, owner, token)  # noqa: E731
-            return cast("bool | None", await self._call("release", drop, write=False))
-        bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        again = lambda: fast.drop(name, owner, token)  # noqa: E731
+        lent = self._lend()
+        if lent is None:
+            return cast("bool | None", await self._call("release", again, write=False))
+        pool, conn, bound = lent
         try:
             cursor = self._cursors.get(id(conn))
             if cursor is None or cursor.connection is not conn:
                 cursor = await self._new_cursor(conn)
             count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
         except BaseException as exc:
-            self._deadlines.end(bound)
-            again = lambda: fast.drop(name, owner, token)  # noqa: E731
             failed = self._failed(pool, conn, exc, bound, "release", again, sent=True)
             return cast("bool | None", await failed)
         self._deadlines.end(bound)
         pool.give_back(conn, None, unsure=False)
         return True if count == 1 else None
+
+    def _lend(self) -> tuple[ConnectionPool, Connection, Bound] | None:
+        """An idle connection, lent with its statement's deadline started (None: none is
+        idle, or the client is closed: the pool's way)."""
+        pool = self._pool
+        conn = None if pool is None else pool.lend_idle()
+        if conn is None or pool is None:
+            return None
+        return pool, conn, self._deadlines.start(self.config.op_timeout, conn.close)
 
     async def _new_cursor(self, conn: Connection) -> Cursor:
         if len(self._cursors) > 2 * self.settings.pool_size:
@@ -177,6 +180,7 @@ class MySQLBackend(LockTableBackend):
         idle connection was dead and nothing that commits was ``sent`` (an INSERT is safe to
         run again: it finds the owner's own row), the pool's way runs ``again`` (it retries);
         else the error, translated (a timeout: the deadline passed)."""
+        self._deadlines.end(bound)
         pool.give_back(conn, exc, unsure=bound.expired)
         if bound.expired:
             raise BackendTimeout(f"mysql: {what} timed out") from exc

@@ -43,7 +43,8 @@ async def line(conn: asyncpg.Connection, client: aiodlock.Client, key: int) -> l
 async def marked_by(conn: asyncpg.Connection, key: int) -> list[int]:
     """The server pids of the sessions holding the line mark of ``key`` (shared, each once)."""
     rows = await conn.fetch(
-        "SELECT l.pid FROM pg_locks l, (SELECT " + sql.MARK.replace(", ", " AS hi, ", 1)
+        "SELECT l.pid FROM pg_locks l, (SELECT "
+        + sql.MARK.replace(", ", " AS hi, ", 1)
         + " AS lo) m WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
         " AND l.mode = 'ShareLock' AND l.classid::bigint = (m.hi::bigint & 4294967295)"
         " AND l.objid::bigint = (m.lo::bigint & 4294967295) ORDER BY l.pid",
