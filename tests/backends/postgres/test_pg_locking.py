@@ -88,10 +88,15 @@ async def test_one_client_is_woken_per_release(
     # 4 releases (the holder's, then 3 waiters'): each woke exactly one waiter, in the
     # order they lined up; nobody else was woken.
     listeners = [c.backend.listener for c in waiters]  # type: ignore[attr-defined]
-    assert [x.woke for x in listeners] == [1, 1, 1, 1]
+    seen = {  # (what a failure shows: who was woken, who heard what, in which order)
+        "woke": [x.woke for x in listeners],
+        "heard": [x.heard for x in listeners],
+        "order": [waiters.index(c) for c in order],
+    }
+    assert [x.woke for x in listeners] == [1, 1, 1, 1], seen
     if strategy == "advisory":
         # (each NOTIFY went to the one client it called: nobody else even heard it)
-        assert [x.heard for x in listeners] == [1, 1, 1, 1]
+        assert [x.heard for x in listeners] == [1, 1, 1, 1], seen
     else:
         # (the waiters turned urgent, into the table's line: every client still waiting
         # is told who is first, and only that one wakes)

@@ -195,8 +195,13 @@ async def test_fair_locks_are_granted_in_line_order_woken_by_notify(
     await eventually(lambda: _count(listeners(conn, key), 4), what="listening")
     await holder.lock("fifo").release()
     await asyncio.wait_for(asyncio.gather(*tasks), HANG)
-    assert order == [0, 1, 2, 3]
-    assert [table_of(c).listener.woke for c in clients] == [1, 1, 1, 1]
+    seen = {  # (what a failure shows)
+        "order": order,
+        "woke": [table_of(c).listener.woke for c in clients],
+        "heard": [table_of(c).listener.heard for c in clients],
+    }
+    assert order == [0, 1, 2, 3], seen
+    assert [table_of(c).listener.woke for c in clients] == [1, 1, 1, 1], seen
     assert await line(conn, namespace) == []
 
 
