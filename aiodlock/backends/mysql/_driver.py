@@ -44,7 +44,7 @@ class Driver:
     error: type[Exception]
     #: ``is_closed(conn)``: the connection was closed (by us or after a failure).
     is_closed: Callable[[Connection], bool]
-    #: ``await cursor(conn)``: a new cursor of ``conn`` (its ``connection`` is ``conn``).
+    #: ``await cursor(conn)``: a new cursor of ``conn``.
     cursor: Callable[[Connection], Awaitable[Cursor]]
 
 

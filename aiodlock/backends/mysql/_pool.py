@@ -19,7 +19,7 @@ from ..._errors import BackendError, translating
 from ..._retry import InDoubt, retrying
 from ..._slots import Slots
 from .._sql import Script, run_script_async
-from ._driver import Connection, driver_errors, error_code
+from ._driver import Connection, Cursor, driver_errors, error_code
 
 __all__ = [
     "DUPLICATE_KEY",
@@ -129,11 +129,16 @@ class ConnectionPool:
         size: int,
         is_closed: Callable[[Connection], bool],
         secrets: tuple[str, ...] = (),
+        *,
+        cursor: Callable[[Connection], Awaitable[Cursor]] | None = None,
     ) -> None:
         self._connect = connect
         self._secrets = secrets
         self._is_closed = is_closed
+        self._cursor = cursor
         self._idle: list[Connection] = []
+        #: id(connection) -> the cursor kept for it (:meth:`kept_cursor`), while it is open
+        self._cursors: dict[int, Cursor] = {}
         self._slots = Slots(size)
         #: The server sessions of connections closed as their call was cancelled (see
         #: :meth:`settle`).
@@ -149,11 +154,27 @@ class ConnectionPool:
         if failure is not None:
             if unsure or isinstance(failure, asyncio.CancelledError):
                 self._orphans.note(conn.thread_id())
-            conn.close()
+            self._close(conn)
         elif self.closed or self._is_closed(conn):
-            conn.close()
+            self._close(conn)
         else:
             self._idle.append(conn)
+
+    def _close(self, conn: Connection) -> None:
+        self._cursors.pop(id(conn), None)
+        conn.close()
+
+    def kept_cursor(self, conn: Connection) -> Cursor | None:
+        """The cursor kept for ``conn``, a lent connection (None: :meth:`new_cursor`)."""
+        return self._cursors.get(id(conn))
+
+    async def new_cursor(self, conn: Connection) -> Cursor:
+        """A cursor for ``conn``, kept for it until the pool closes it (one per connection,
+        as a loop of statements on one connection keeps one)."""
+        if self._cursor is None:
+            raise RuntimeError("this pool was made without a cursor factory")
+        cursor = self._cursors[id(conn)] = await self._cursor(conn)
+        return cursor
 
     def lend_idle(self) -> Connection | None:
         """An idle connection if one is idle and a slot is free (no wait, no connect), else
@@ -245,4 +266,4 @@ class ConnectionPool:
         self.closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
-            conn.close()
+            self._close(conn)

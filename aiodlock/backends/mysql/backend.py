@@ -24,7 +24,7 @@ from .._sql import Execute, Granted, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from .._sql_fast import FastPath
 from ._dialect import MYSQL
-from ._driver import Connection, Cursor, driver_errors, error_code, load
+from ._driver import Connection, driver_errors, error_code, load
 from ._pool import (
     DUPLICATE_KEY,
     ConnectionPool,
@@ -55,10 +55,6 @@ class MySQLBackend(LockTableBackend):
         self.fast_path: FastPath = FastPath(self.table)
         self._pool: ConnectionPool | None = None
         self._deadlines = Deadlines()
-        #: id(connection) -> the cursor the fast path keeps for it (one per connection, as
-        #: a loop of statements on one connection keeps one; checked against its
-        #: ``connection``, so a connection closed and a new one at its address never mix)
-        self._cursors: dict[int, Cursor] = {}
 
     @classmethod
     def from_url(cls, url: ParsedURL, config: CommonConfig, options: dict[str, Any]) -> Self:
@@ -110,9 +106,9 @@ class MySQLBackend(LockTableBackend):
         pool, conn, bound = lent
         swept = False
         try:
-            cursor = self._cursors.get(id(conn))
-            if cursor is None or cursor.connection is not conn:
-                cursor = await self._new_cursor(conn)
+            cursor = pool.kept_cursor(conn)
+            if cursor is None:
+                cursor = await pool.new_cursor(conn)
             try:
                 count = await cursor.execute(fast.grab_sql, fast.grab_params(name, owner, ttl))
             except driver_errors() as exc:
@@ -138,9 +134,9 @@ class MySQLBackend(LockTableBackend):
             return cast("bool | None", await self._call("release", again, write=False))
         pool, conn, bound = lent
         try:
-            cursor = self._cursors.get(id(conn))
-            if cursor is None or cursor.connection is not conn:
-                cursor = await self._new_cursor(conn)
+            cursor = pool.kept_cursor(conn)
+            if cursor is None:
+                cursor = await pool.new_cursor(conn)
             count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
         except BaseException as exc:
             failed = self._failed(pool, conn, exc, bound, "release", again, sent=True)
@@ -157,13 +153,6 @@ class MySQLBackend(LockTableBackend):
         if conn is None or pool is None:
             return None
         return pool, conn, self._deadlines.start(self.config.op_timeout, conn.close)
-
-    async def _new_cursor(self, conn: Connection) -> Cursor:
-        if len(self._cursors) > 2 * self.settings.pool_size:
-            # (those of connections closed since: the pool never holds more than its size)
-            self._cursors.clear()
-        cursor = self._cursors[id(conn)] = await load(self.settings.driver).cursor(conn)
-        return cursor
 
     async def _failed(
         self,
@@ -216,7 +205,11 @@ class MySQLBackend(LockTableBackend):
             return
         driver = load(self.settings.driver)
         self._pool = ConnectionPool(
-            self._connect, self.settings.pool_size, driver.is_closed, self.settings.secrets
+            self._connect,
+            self.settings.pool_size,
+            driver.is_closed,
+            self.settings.secrets,
+            cursor=driver.cursor,
         )
         try:
             await self._call("open", self._schema, write=False)
@@ -227,7 +220,6 @@ class MySQLBackend(LockTableBackend):
         self._join_board(("mysql", s.host, s.port, s.database))
 
     async def aclose(self) -> None:
-        self._cursors.clear()
         self._leave_board()
         self._deadlines.cancel()
         pool, self._pool = self._pool, None

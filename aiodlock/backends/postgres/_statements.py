@@ -68,6 +68,17 @@ MARK = "($1::bigint >> 32)::int, ($1::bigint & 2147483647)::int"
 NOBODY_IN_LINE = f"pg_try_advisory_xact_lock({MARK})"
 
 
+def _bump(table: str, taken: str) -> str:
+    """The INSERT that bumps the key's counter row (made at 1) when ``taken`` (a condition
+    on the CTE ``got``) holds, writing the holder with it -> the new token."""
+    return (
+        f"INSERT INTO {table} AS c (key, name, owner, token, pid) "
+        f"SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE {taken} "
+        "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
+        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() RETURNING token"
+    )
+
+
 def try_free(table: str) -> str:
     """$1 key, $2 name, $3 owner (UTF-8) -> (ok, token): the attempt of a client not in the
     key's line when nobody is in it (the line mark is free: no table but the counter row is
@@ -77,10 +88,7 @@ def try_free(table: str) -> str:
     return (
         f"WITH got AS (SELECT CASE WHEN {NOBODY_IN_LINE}"
         " THEN pg_try_advisory_lock($1::bigint) END AS ok),"
-        f" bumped AS (INSERT INTO {table} AS c (key, name, owner, token, pid) "
-        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE got.ok "
-        "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
-        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() RETURNING token)"
+        f" bumped AS ({_bump(table, 'got.ok')})"
         " SELECT got.ok, (SELECT token FROM bumped) FROM got"
     )
 
@@ -94,9 +102,9 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     this one has an urgent row for the key that ranks first (an earlier ``urgent_since`` than
     this client's, any if it has none; any task of an urgent client has its client's place).
     (A client not in line sends it when :func:`try_free` found somebody in line.)  The
-    counter row is bumped only
-    when the lock was taken, in the same statement (one round trip); each CTE runs once (a
-    volatile function is never inlined), and CASE tries the lock only when it must.
+    counter row is bumped only when the lock was taken, in the same statement (one round
+    trip); each CTE runs once (a volatile function is never inlined), and CASE tries the
+    lock only when it must.
 
     ``in_line`` only (the statement of a client that waits, off the uncontended path): an
     urgent attempt marks this client's row urgent (it keeps its first mark); a grant to a
@@ -109,18 +117,11 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     would reach the next client twice.  A client not in line was not called either.)"""
     urgent = f"FROM {waiters} w WHERE w.key = $1::bigint AND w.urgent_since IS NOT NULL"
     urgent += f" AND w.pid <> $4::int AND {alive('w.pid')}"
-    insert = (
-        f" INSERT INTO {table} AS c (key, name, owner, token, pid) "
-        "SELECT $1::bigint, $2::bytea, $3::bytea, 1, pg_backend_pid() FROM got WHERE {taken} "
-        "ON CONFLICT (key) DO UPDATE SET token = c.token + 1, name = EXCLUDED.name, "
-        "owner = EXCLUDED.owner, pid = EXCLUDED.pid, granted_at = now() "
-        "RETURNING token"
-    )
     if not in_line:
         return (
             f"WITH got AS (SELECT CASE WHEN EXISTS (SELECT 1 {urgent}) THEN false"
-            " ELSE pg_try_advisory_lock($1::bigint) END AS ok)"
-        ) + insert.format(taken="got.ok")
+            " ELSE pg_try_advisory_lock($1::bigint) END AS ok) "
+        ) + _bump(table, "got.ok")
     first = f"SELECT w.pid {urgent} ORDER BY w.urgent_since, w.pid LIMIT 1"
     urgent += " AND (m.t IS NULL OR (w.urgent_since, w.pid) < (m.t, $4::int))"
     taken = (
@@ -140,8 +141,8 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
         f"mark AS (UPDATE {waiters} w SET urgent_since = CASE WHEN got.st = 1"
         " THEN clock_timestamp() ELSE got.t END FROM got"
         " WHERE w.key = $1::bigint AND w.pid = $4::int AND ((got.st = 1 AND w.urgent_since"
-        " IS NOT NULL) OR (got.st <> 1 AND got.t IS NOT NULL AND w.urgent_since IS NULL)))"
-    ) + insert.format(taken=taken)
+        " IS NOT NULL) OR (got.st <> 1 AND got.t IS NOT NULL AND w.urgent_since IS NULL))) "
+    ) + _bump(table, taken)
 
 
 def create_waiters(waiters: str) -> str:
