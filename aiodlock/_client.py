@@ -14,7 +14,7 @@ import socket
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import anyio
 
@@ -256,12 +256,15 @@ class Client:
 
     def _here(self) -> None:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise LockError(
-                "this client was opened in another event loop (a second asyncio.run(), or a "
-                "fixture's loop that is not the test's) and belongs to that loop: open a "
-                "client in the loop that uses it, or run the coroutine in the client's loop "
-                "(asyncio.run_coroutine_threadsafe)"
-            )
+            self._wrong_loop()
+
+    def _wrong_loop(self) -> NoReturn:
+        raise LockError(
+            "this client was opened in another event loop (a second asyncio.run(), or a "
+            "fixture's loop that is not the test's) and belongs to that loop: open a "
+            "client in the loop that uses it, or run the coroutine in the client's loop "
+            "(asyncio.run_coroutine_threadsafe)"
+        )
 
     async def _ensure_open(self) -> None:
         self._here()
@@ -360,12 +363,16 @@ class Client:
             owner = None if task is None else self._owners.get(weakref.ref(task))
         return None if owner is None else self._holds.get((name, owner))
 
-    async def acquire(self, lock: Lock, timeout: float | None) -> Hold:
-        self._here()
-        name, ttl, key = lock.name, lock.ttl, lock.owner  # (3 or fewer: no tuple is built)
-        task = asyncio.current_task()
+    async def acquire(
+        self, lock: Lock, timeout: float | None, task: asyncio.Task[Any] | None
+    ) -> Hold:
+        """``task``: the calling task, ``asyncio.current_task()`` (the caller has it: on
+        Python 3.11 each call of it asks the kernel for the process id)."""
         if task is None:
             raise LockError("aiodlock locks must be used from inside an asyncio task")
+        if self._loop is not None and task.get_loop() is not self._loop:
+            self._wrong_loop()
+        name, ttl, key = lock.name, lock.ttl, lock.owner  # (3 or fewer: no tuple is built)
         owner = self._owner_of(task) if key is None else f"{self.id}/{key}"
         while True:
             hold = self._holds.get((name, owner))
@@ -491,6 +498,7 @@ class Client:
             msg = "aiodlock: task %r ended while holding lock %r; releasing it"
             log.warning(msg, task.get_name(), hold.name)
             self._forget(hold)
+            self._watchdog.untrack(hold)  # (at once: its release runs later, in a task)
             self.spawn(self._server_release(hold), f"release-orphan:{hold.name}")
 
     def _forget(self, hold: Hold) -> None:
@@ -504,7 +512,6 @@ class Client:
                 self._holding[hold.owner] = left
             else:
                 del self._holding[hold.owner]
-        self._watchdog.untrack(hold)
 
     def _held(self, name: str, key: str | None) -> Hold:
         self._here()

@@ -24,7 +24,9 @@ class Locking(Protocol):
     @property
     def backend(self) -> Backend: ...
 
-    async def acquire(self, lock: Lock, timeout: float | None) -> Hold: ...
+    async def acquire(
+        self, lock: Lock, timeout: float | None, task: asyncio.Task[Any] | None
+    ) -> Hold: ...
 
     def release(self, name: str, key: str | None = None) -> Awaitable[None]: ...
 
@@ -100,7 +102,7 @@ class Lock:
             timeout = self.timeout
         else:
             timeout = check_seconds("timeout", timeout, allow_none=True, positive=False)
-        return (await self._client.acquire(self, timeout)).lease
+        return (await self._client.acquire(self, timeout, asyncio.current_task())).lease
 
     async def try_acquire(self) -> Lease | None:
         """One attempt that never waits for a holder: the lease, or ``None``."""
@@ -137,8 +139,8 @@ class Lock:
         return await self._client.status(self.name)
 
     async def __aenter__(self) -> Lease:
-        hold = await self._client.acquire(self, self.timeout)
         task = asyncio.current_task()
+        hold = await self._client.acquire(self, self.timeout, task)
         assert task is not None
         entry = BodyEntry(task)
         hold.entries.append(entry)

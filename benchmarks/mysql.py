@@ -6,14 +6,16 @@ MariaDB on a free loopback port (``tests/servers.py``):
 
 * uncontended lock cycles per second (one client, one task) for the floor, for ``table``'s
   own two statements sent raw on one connection (what they cost without the library), and
-  for each strategy, with each driver (``aiomysql``, ``asyncmy``), interleaved over
-  ``--repeats`` rounds (the median of each is reported: a shared machine is noisy);
+  for each strategy, with each driver (``aiomysql``, ``asyncmy``), in paired slices
+  (:mod:`benchmarks.paired`: ``--a-rounds`` rounds of one ``--a-seconds`` slice of each, in
+  a turning order; "x floor" is the median over the rounds of the ratio within a round, the
+  cycles/s the median slice);
 * the hand-off gap: a waiter in another client of the same process takes the name after
   the holder releases it (p50 and max, ms);
 * pool exhaustion: 100 waiters on a pool of 10 (``strategy=table``) while the name is held;
   a ``status()`` call must still answer at once, and every waiter gets its turn.
 
-    python -m benchmarks.mysql                      # ~40 s, both drivers
+    python -m benchmarks.mysql                      # ~70 s, both drivers
     python -m benchmarks.mysql --driver asyncmy     # one driver
     python -m benchmarks.mysql --quick              # a smoke run
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
 import statistics
 import time
@@ -32,6 +36,7 @@ from typing import Any
 
 import aiodlock
 
+from .paired import Slice, paired_ratio, run_paired, timed
 from .server import log, mariadb_server
 
 __all__ = ["STRATEGIES", "main", "run"]
@@ -39,11 +44,10 @@ __all__ = ["STRATEGIES", "main", "run"]
 STRATEGIES = ("table", "named", "row")
 
 
-async def floor(port: int, database: str, cycles: int, driver: str) -> float:
-    """Cycles per second of INSERT + DELETE by owner on one autocommit connection."""
+async def _connect(driver: str, port: int, database: str) -> Any:
     from aiodlock.backends.mysql._driver import load
 
-    conn = await load(driver).connect(
+    return await load(driver).connect(
         host="127.0.0.1",
         port=port,
         user="root",
@@ -51,63 +55,89 @@ async def floor(port: int, database: str, cycles: int, driver: str) -> float:
         database=database,
         connect_timeout=10,
     )
-    try:
-        async with conn.cursor() as cursor:
-            await cursor.execute("SET sql_notes = 0")  # (the table exists after round 1)
-            await cursor.execute(
-                "CREATE TABLE IF NOT EXISTS bench_floor "
-                "(name VARBINARY(255) PRIMARY KEY, owner VARCHAR(64) NOT NULL)"
-            )
-            started = time.perf_counter()
-            for _ in range(cycles):
-                await cursor.execute("INSERT INTO bench_floor VALUES (UNHEX(%s), %s)", ("6a", "me"))
-                await cursor.execute(
-                    "DELETE FROM bench_floor WHERE name = UNHEX(%s) AND owner = %s", ("6a", "me")
-                )
-            return cycles / (time.perf_counter() - started)
-    finally:
-        conn.close()
 
 
-async def raw_table(url: str, port: int, database: str, cycles: int, driver: str) -> float:
-    """Cycles per second of ``table``'s own two statements (the fast path's INSERT, with
-    the expiry on the server's clock and the token from AUTO_INCREMENT, and its DELETE by
-    owner and token) sent raw on one connection: the statements' cost, without the library."""
+async def _cursor(conn: Any) -> Any:
+    cursor = conn.cursor()  # (aiomysql's returns an awaitable, asyncmy's the cursor)
+    return await cursor if inspect.isawaitable(cursor) else cursor
+
+
+async def floor(conn: Any) -> Slice:
+    """INSERT + DELETE by owner on one autocommit connection."""
+    cursor = await _cursor(conn)
+    await cursor.execute("SET sql_notes = 0")  # (the table may exist)
+    await cursor.execute(
+        "CREATE TABLE IF NOT EXISTS bench_floor "
+        "(name VARBINARY(255) PRIMARY KEY, owner VARCHAR(64) NOT NULL)"
+    )
+
+    async def cycle() -> None:
+        await cursor.execute("INSERT INTO bench_floor VALUES (UNHEX(%s), %s)", ("6a", "me"))
+        await cursor.execute(
+            "DELETE FROM bench_floor WHERE name = UNHEX(%s) AND owner = %s", ("6a", "me")
+        )
+
+    return timed(cycle)
+
+
+async def raw_table(url: str, conn: Any) -> Slice:
+    """``table``'s own two statements (the fast path's INSERT, with the expiry on the
+    server's clock and the token from AUTO_INCREMENT, and its DELETE by owner and token) sent
+    raw on one connection: the statements' cost, without the library."""
     from aiodlock.backends._sql import LockTable
     from aiodlock.backends._sql_fast import FastPath
     from aiodlock.backends.mysql._dialect import MYSQL
-    from aiodlock.backends.mysql._driver import load
 
     async with aiodlock.connect(url, namespace="bench-raw"):
         pass  # (the tables exist)
     fast = FastPath(LockTable(MYSQL, "bench-raw"))
-    conn = await load(driver).connect(
-        host="127.0.0.1", port=port, user="root", password="", database=database
-    )
-    try:
-        async with conn.cursor() as cursor:
-            await cursor.execute("SET time_zone = '+00:00'")
-            insert = next(fast.grab("a", "owner", 30.0))
-            started = time.perf_counter()
-            for _ in range(cycles):
-                await cursor.execute(insert.sql, insert.params)
-                delete = next(fast.drop("a", "owner", cursor.lastrowid))
-                await cursor.execute(delete.sql, delete.params)
-            return cycles / (time.perf_counter() - started)
-    finally:
-        conn.close()
+    cursor = await _cursor(conn)
+    await cursor.execute("SET time_zone = '+00:00'")
+    insert = next(fast.grab("a", "owner", 30.0))
+
+    async def cycle() -> None:
+        await cursor.execute(insert.sql, insert.params)
+        delete = next(fast.drop("a", "owner", cursor.lastrowid))
+        await cursor.execute(delete.sql, delete.params)
+
+    return timed(cycle)
 
 
-async def uncontended(url: str, cycles: int) -> float:
-    async with aiodlock.connect(url, namespace="bench-a") as client:
-        for _ in range(max(5, cycles // 10)):  # warm-up: connections, tables, counters
-            async with client.lock("a"):
-                pass
-        started = time.perf_counter()
-        for _ in range(cycles):
-            async with client.lock("a"):
-                pass
-        return cycles / (time.perf_counter() - started)
+def uncontended(client: aiodlock.Client) -> Slice:
+    """``async with client.lock("a")`` cycles (a handle per cycle: the common use)."""
+
+    async def cycle() -> None:
+        async with client.lock("a"):
+            pass
+
+    return timed(cycle)
+
+
+async def workload_a(
+    server: Any, drivers: list[str], rounds: int, seconds: float
+) -> dict[str, dict[str, list[float]]]:
+    """Paired slices (:mod:`benchmarks.paired`) of every driver's floor, raw statements and
+    strategies: cycles/s per round, by driver and loop."""
+    loops: dict[str, Slice] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        for driver in drivers:
+            conns = [await _connect(driver, server.port, server.database) for _ in range(2)]
+            for conn in conns:
+                stack.callback(conn.close)
+            loops[f"{driver}|floor"] = await floor(conns[0])
+            url = f"{server.url}?driver={driver}"
+            loops[f"{driver}|raw"] = await raw_table(url, conns[1])
+            for strategy in STRATEGIES:
+                url = f"{server.url}?strategy={strategy}&driver={driver}"
+                client = aiodlock.connect(url, namespace=f"bench-a-{strategy}")
+                await stack.enter_async_context(client)
+                loops[f"{driver}|{strategy}"] = uncontended(client)
+        rates = await run_paired(loops, rounds=rounds, seconds=seconds, progress=log)
+    out: dict[str, dict[str, list[float]]] = {}
+    for key, values in rates.items():
+        driver, what = key.split("|")
+        out.setdefault(driver, {})[what] = values
+    return out
 
 
 async def handoff(url: str, rounds: int) -> list[float]:
@@ -173,30 +203,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     drivers: list[str] = args.drivers
     with mariadb_server() as server:
         log(f"MariaDB on {server.address}")
-        cycles: dict[tuple[str, str], list[float]] = {}
-        for round_ in range(args.repeats):  # (interleaved: the machine's load hits all alike)
-            log(f"round {round_ + 1} of {args.repeats}")
-            for driver in drivers:
-                rate = await floor(server.port, server.database, args.cycles, driver)
-                cycles.setdefault((driver, "floor"), []).append(rate)
-                url = f"{server.url}?driver={driver}"
-                rate = await raw_table(url, server.port, server.database, args.cycles, driver)
-                cycles.setdefault((driver, "raw"), []).append(rate)
-                for strategy in STRATEGIES:
-                    url = f"{server.url}?strategy={strategy}&driver={driver}"
-                    rate = await uncontended(url, args.cycles)
-                    cycles.setdefault((driver, strategy), []).append(rate)
-        result: dict[str, Any] = {"drivers": drivers, "waiters": args.waiters}
+        a = await workload_a(server, drivers, args.a_rounds, args.a_seconds)
+        result: dict[str, Any] = {
+            "drivers": drivers,
+            "waiters": args.waiters,
+            "a_rounds": args.a_rounds,
+            "a_seconds": args.a_seconds,
+        }
         for driver in drivers:
+            rates = a[driver]
+            floor_rates = rates["floor"]
             per: dict[str, Any] = {
-                "floor": statistics.median(cycles[(driver, "floor")]),
-                "raw": statistics.median(cycles[(driver, "raw")]),
+                "floor": statistics.median(floor_rates),
+                "raw": statistics.median(rates["raw"]),
+                "raw_ratio": paired_ratio(rates["raw"], floor_rates),
             }
             for strategy in STRATEGIES:
                 url = f"{server.url}?strategy={strategy}&driver={driver}"
                 gaps = await handoff(url, args.rounds)
                 per[strategy] = {
-                    "cycles_per_s": statistics.median(cycles[(driver, strategy)]),
+                    "cycles_per_s": statistics.median(rates[strategy]),
+                    "ratio": paired_ratio(rates[strategy], floor_rates),
                     "handoff_p50_ms": statistics.median(gaps),
                     "handoff_max_ms": max(gaps),
                 }
@@ -219,13 +246,13 @@ def report(result: dict[str, Any]) -> list[str]:
         raw = r.get("raw")
         if raw is not None:
             lines.append(
-                f"| {driver} | table's statements, raw | {raw:,.0f} | {raw / r['floor']:.2f} | |"
+                f"| {driver} | table's statements, raw | {raw:,.0f} | {r['raw_ratio']:.2f} | |"
             )
         for strategy in STRATEGIES:
             s = r[strategy]
             lines.append(
                 f"| {driver} | {strategy} | {s['cycles_per_s']:,.0f} "
-                f"| {s['cycles_per_s'] / r['floor']:.2f} "
+                f"| {s['ratio']:.2f} "
                 f"| {s['handoff_p50_ms']:.2f} / {s['handoff_max_ms']:.2f} |"
             )
         ex = r["exhaustion"]
@@ -233,7 +260,7 @@ def report(result: dict[str, Any]) -> list[str]:
         targets += [
             (
                 f"{driver}: table uncontended >= 0.8x the floor",
-                r["table"]["cycles_per_s"] >= 0.8 * r["floor"],
+                r["table"]["ratio"] >= 0.8,
             ),
             (f"{driver}: named hand-off p50 < 5 ms", r["named"]["handoff_p50_ms"] < 5),
             (f"{driver}: row hand-off p50 < 5 ms", r["row"]["handoff_p50_ms"] < 5),
@@ -265,8 +292,8 @@ def report(result: dict[str, Any]) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.mysql", description=__doc__)
-    p.add_argument("--cycles", type=int, default=300, help="uncontended cycles per strategy")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the cycles")
+    p.add_argument("--a-rounds", type=int, default=40, help="A: paired rounds")
+    p.add_argument("--a-seconds", type=float, default=0.1, help="A: one slice")
     p.add_argument(
         "--driver",
         dest="drivers",
@@ -281,7 +308,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.drivers = args.drivers or ["aiomysql", "asyncmy"]
     if args.quick:
-        args.cycles, args.rounds, args.waiters, args.repeats = 20, 3, 20, 1
+        args.a_rounds, args.a_seconds, args.rounds, args.waiters = 2, 0.05, 3, 20
     return args
 
 

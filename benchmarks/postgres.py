@@ -2,8 +2,9 @@
 floor and against what people write by hand, on a throw-away PostgreSQL on a free loopback
 port (``tests/servers.py``; fsync off unless ``--durable``).
 
-* A (uncontended): one task, one name, acquire+release cycles in slices of ``--a-seconds``,
-  alternating with the floor: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` on one
+* A (uncontended): one task, one name, acquire+release cycles in paired slices
+  (:mod:`benchmarks.paired`: ``--a-rounds`` rounds of one ``--a-seconds`` slice each, in a
+  turning order) with the floor: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` on one
   asyncpg connection.  The ratio to the floor is taken per round, its median reported.
   ``strategy=table`` runs in the same rounds (recorded, no target), and so does the raw
   bound: the cheapest cycle any fenced advisory lock can have (the try-lock and a bump of a
@@ -39,23 +40,20 @@ import aiodlock
 from aiodlock.backends.postgres import PostgresBackend
 from aiodlock.backends.postgres.table import PostgresTableBackend
 
+from .paired import Slice, paired_ratio, run_paired, timed
 from .server import ROOT, log, temporary_server
 
 perf = time.perf_counter
 KEY = 4242
 
 
-async def _floor(url: str, seconds: float) -> float:
-    conn = await asyncpg.connect(url)
-    try:
-        n, end = 0, perf() + seconds
-        while perf() < end:
-            assert await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", KEY)
-            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
-            n += 1
-        return n / seconds
-    finally:
-        await conn.close()
+_LOCK = "SELECT pg_try_advisory_lock($1::bigint)"
+_UNLOCK = "SELECT pg_advisory_unlock($1::bigint)"
+
+
+async def _floor(conn: asyncpg.Connection) -> None:
+    assert await conn.fetchval(_LOCK, KEY)
+    await conn.fetchval(_UNLOCK, KEY)
 
 
 #: The least any fenced advisory lock must send: the try-lock and, when taken, a bump of the
@@ -69,72 +67,58 @@ _BOUND_TAKE = (
 )
 
 
-async def _bound(url: str, seconds: float) -> float:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {_BOUND_TABLE} (key bigint PRIMARY KEY, token bigint)"
-            " WITH (fillfactor = 50)"
-        )
-        await conn.execute(f"INSERT INTO {_BOUND_TABLE} VALUES ($1, 0) ON CONFLICT DO NOTHING", KEY)
-        n, end = 0, perf() + seconds
-        while perf() < end:
-            assert await conn.fetchval(_BOUND_TAKE, KEY)
-            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
-            n += 1
-        return n / seconds
-    finally:
-        await conn.close()
+async def _bound_table(conn: asyncpg.Connection) -> None:
+    await conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {_BOUND_TABLE} (key bigint PRIMARY KEY, token bigint)"
+        " WITH (fillfactor = 50)"
+    )
+    await conn.execute(f"INSERT INTO {_BOUND_TABLE} VALUES ($1, 0) ON CONFLICT DO NOTHING", KEY)
 
 
-async def _aiodlock(client: aiodlock.Client, seconds: float) -> float:
-    lock = client.lock("a")
-    n, end = 0, perf() + seconds
-    while perf() < end:
+async def _bound(conn: asyncpg.Connection) -> None:
+    assert await conn.fetchval(_BOUND_TAKE, KEY)
+    await conn.fetchval(_UNLOCK, KEY)
+
+
+def _cycles(lock: aiodlock.Lock) -> Slice:
+    async def cycle() -> None:
         await lock.acquire()
         await lock.release()
-        n += 1
-    return n / seconds
+
+    return timed(cycle)
 
 
 async def workload_a(url: str, rounds: int, seconds: float) -> dict[str, Any]:
-    ratios, floor, ours, table, table_ratios, bound_ratios = [], [], [], [], [], []
+    """Paired slices (:mod:`benchmarks.paired`): floor, advisory, table and the raw bound."""
     namespace = f"a{uuid.uuid4().hex[:8]}"
-    async with (
-        aiodlock.connect(url, namespace=namespace) as client,
-        aiodlock.connect(f"{url}?strategy=table", namespace=namespace) as rows,
-    ):
-        await _aiodlock(client, 0.3)  # warm up (connection, statement cache)
-        await _aiodlock(rows, 0.3)
-        await _floor(url, 0.3)
-        for i in range(rounds):
-            # (the order turns every round: no side always runs first)
-            runs = [
-                ("floor", lambda: _floor(url, seconds)),
-                ("advisory", lambda: _aiodlock(client, seconds)),
-                ("table", lambda: _aiodlock(rows, seconds)),
-                ("bound", lambda: _bound(url, seconds)),
-            ]
-            shift = i % len(runs)
-            got = {name: await run() for name, run in runs[shift:] + runs[:shift]}
-            a, b, t = got["floor"], got["advisory"], got["table"]
-            floor.append(a)
-            ours.append(b)
-            table.append(t)
-            ratios.append(b / a)
-            table_ratios.append(t / a)
-            bound_ratios.append(got["bound"] / a)
-            log(
-                f"A round {i + 1}: floor {a:.0f}/s, advisory {b:.0f}/s (ratio {b / a:.2f}), "
-                f"table {t:.0f}/s (ratio {t / a:.2f}), raw bound {got['bound']:.0f}/s"
-            )
+    floor_conn, bound_conn = await asyncpg.connect(url), await asyncpg.connect(url)
+    try:
+        await _bound_table(bound_conn)
+        async with (
+            aiodlock.connect(url, namespace=namespace) as client,
+            aiodlock.connect(f"{url}?strategy=table", namespace=namespace) as rows,
+        ):
+            loops = {
+                "floor": timed(lambda: _floor(floor_conn)),
+                "advisory": _cycles(client.lock("a")),
+                "table": _cycles(rows.lock("a")),
+                "bound": timed(lambda: _bound(bound_conn)),
+            }
+            rates = await run_paired(loops, rounds=rounds, seconds=seconds, progress=log)
+    finally:
+        await floor_conn.close()
+        await bound_conn.close()
+    floor = rates["floor"]
     return {
+        "rounds": rounds,
+        "slice_seconds": seconds,
         "floor": floor,
-        "aiodlock": ours,
-        "ratio_median": statistics.median(ratios),
-        "table": table,
-        "table_ratio_median": statistics.median(table_ratios),
-        "bound_ratio_median": statistics.median(bound_ratios),
+        "aiodlock": rates["advisory"],
+        "ratio_median": paired_ratio(rates["advisory"], floor),
+        "table": rates["table"],
+        "table_ratio_median": paired_ratio(rates["table"], floor),
+        "bound": rates["bound"],
+        "bound_ratio_median": paired_ratio(rates["bound"], floor),
     }
 
 
@@ -174,13 +158,13 @@ async def workload_b_polling(url: str, clients: int, cycles: int) -> list[float]
 
     async def run(conn: asyncpg.Connection) -> None:
         for _ in range(cycles):
-            while not await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", KEY):
+            while not await conn.fetchval(_LOCK, KEY):
                 await asyncio.sleep(0.1)
             if released[1] not in (None, conn):
                 gaps.append(perf() - released[0])
             await asyncio.sleep(0.001)
             released[:] = perf(), conn
-            await conn.fetchval("SELECT pg_advisory_unlock($1::bigint)", KEY)
+            await conn.fetchval(_UNLOCK, KEY)
 
     try:
         await asyncio.gather(*(run(c) for c in conns))
@@ -259,15 +243,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--durable", action="store_true", help="fsync and synchronous_commit on")
-    parser.add_argument("--a-rounds", type=int, default=7)
-    parser.add_argument("--a-seconds", type=float, default=1.5)
+    parser.add_argument("--a-rounds", type=int, default=80, help="A: paired rounds")
+    parser.add_argument("--a-seconds", type=float, default=0.1, help="A: one slice")
     parser.add_argument("--b-clients", type=int, default=4)
     parser.add_argument("--b-cycles", type=int, default=200)
     parser.add_argument("--waiters", type=int, default=100)
     parser.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     args = parser.parse_args(argv)
     if args.quick:
-        args.a_rounds, args.a_seconds, args.b_cycles, args.waiters = 2, 0.5, 30, 20
+        args.a_rounds, args.a_seconds, args.b_cycles, args.waiters = 4, 0.1, 30, 20
     extra = ["-c", "max_connections=400"]
     if args.durable:
         extra += ["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"]

@@ -78,9 +78,9 @@ AB = {
     "zookeeper": ("benchmarks.zookeeper", "--force-sync no", "--quick --waiters 1 --releases 10",
                   "--a-rounds 30 --b-seconds 5 --waiters 1,10 --releases 100"),
     "etcd": ("benchmarks.etcd", "", "--quick", "--a-rounds 5 --a-seconds 1.5 --turns 300"),
-    "mysql": ("benchmarks.mysql", "", "--quick", "--cycles 500 --rounds 100 --waiters 100"),
+    "mysql": ("benchmarks.mysql", "", "--quick", "--a-rounds 40 --rounds 100 --waiters 100"),
     "postgres": ("benchmarks.postgres", "", "--quick",
-                 "--a-rounds 7 --a-seconds 1.5 --b-cycles 200 --waiters 100"),
+                 "--a-rounds 80 --b-cycles 200 --waiters 100"),
 }  # fmt: skip
 JSON_READERS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "etcd": suite_report.etcd_rows,
