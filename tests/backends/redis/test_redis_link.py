@@ -150,6 +150,7 @@ async def test_an_error_reply_is_a_backend_error_and_the_link_goes_on(
     assert await connection_ids(raw, f"{namespace}-wrong") == first  # the link goes on
 
 
+@pytest.mark.slow  # (a fault: the server SIGSTOPped past op_timeout)
 async def test_a_stalled_server_fails_every_pending_call_at_op_timeout(
     redis_factory: Any, make_client: ClientFactory, raw_factory: Any
 ) -> None:

@@ -176,6 +176,7 @@ async def test_waiter_survives_a_pubsub_connection_drop(
     assert lease.token >= 2
 
 
+@pytest.mark.slow  # (a fault: it waits out op_timeout, then polls)
 async def test_waiters_poll_while_pubsub_is_unavailable(make_client: ClientFactory) -> None:
     a = await make_client()
     b = await make_client()
