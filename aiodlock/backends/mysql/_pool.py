@@ -137,7 +137,7 @@ class ConnectionPool:
         self._is_closed = is_closed
         self._cursor = cursor
         self._idle: list[Connection] = []
-        #: id(connection) -> the cursor kept for it (:meth:`kept_cursor`), while it is open
+        #: id(connection) -> its cursor (:meth:`cursor_of`), made with it, while it is open
         self._cursors: dict[int, Cursor] = {}
         self._slots = Slots(size)
         #: The server sessions of connections closed as their call was cancelled (see
@@ -164,17 +164,21 @@ class ConnectionPool:
         self._cursors.pop(id(conn), None)
         conn.close()
 
-    def kept_cursor(self, conn: Connection) -> Cursor | None:
-        """The cursor kept for ``conn``, a lent connection (None: :meth:`new_cursor`)."""
-        return self._cursors.get(id(conn))
+    def cursor_of(self, conn: Connection) -> Cursor:
+        """The cursor of ``conn``, a lent connection of a pool made with a cursor factory (one
+        per connection, made with it, as a loop of statements on one connection keeps one)."""
+        return self._cursors[id(conn)]
 
-    async def new_cursor(self, conn: Connection) -> Cursor:
-        """A cursor for ``conn``, kept for it until the pool closes it (one per connection,
-        as a loop of statements on one connection keeps one)."""
-        if self._cursor is None:
-            raise RuntimeError("this pool was made without a cursor factory")
-        cursor = self._cursors[id(conn)] = await self._cursor(conn)
-        return cursor
+    async def _new(self) -> Connection:
+        """A new connection, with its cursor when the pool keeps them."""
+        conn = await self._connect()
+        if self._cursor is not None:
+            try:
+                self._cursors[id(conn)] = await self._cursor(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def lend_idle(self) -> Connection | None:
         """An idle connection if one is idle and a slot is free (no wait, no connect), else
@@ -205,7 +209,7 @@ class ConnectionPool:
                         if self.closed:
                             raise BackendError("mysql: the client is closed")
                         reused = bool(self._idle)
-                        conn = self._idle.pop() if reused else await self._connect()
+                        conn = self._idle.pop() if reused else await self._new()
                         try:
                             result = await fn(conn, run)
                         except BaseException as exc:

@@ -24,7 +24,7 @@ from .._sql import Execute, Granted, LockTable, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from .._sql_fast import FastPath
 from ._dialect import MYSQL
-from ._driver import Connection, driver_errors, error_code, load
+from ._driver import Connection, Cursor, driver_errors, error_code, load
 from ._pool import (
     DUPLICATE_KEY,
     ConnectionPool,
@@ -103,12 +103,9 @@ class MySQLBackend(LockTableBackend):
         lent = self._lend()
         if lent is None:
             return cast("Granted | None", await self._call("acquire", again, write=False))
-        pool, conn, bound = lent
+        pool, conn, cursor, bound = lent
         swept = False
         try:
-            cursor = pool.kept_cursor(conn)
-            if cursor is None:
-                cursor = await pool.new_cursor(conn)
             try:
                 count = await cursor.execute(fast.grab_sql, fast.grab_params(name, owner, ttl))
             except driver_errors() as exc:
@@ -132,11 +129,8 @@ class MySQLBackend(LockTableBackend):
         lent = self._lend()
         if lent is None:
             return cast("bool | None", await self._call("release", again, write=False))
-        pool, conn, bound = lent
+        pool, conn, cursor, bound = lent
         try:
-            cursor = pool.kept_cursor(conn)
-            if cursor is None:
-                cursor = await pool.new_cursor(conn)
             count = await cursor.execute(fast.drop_sql, fast.drop_params(name, owner, token))
         except BaseException as exc:
             failed = self._failed(pool, conn, exc, bound, "release", again, sent=True)
@@ -145,14 +139,15 @@ class MySQLBackend(LockTableBackend):
         pool.give_back(conn, None, unsure=False)
         return True if count == 1 else None
 
-    def _lend(self) -> tuple[ConnectionPool, Connection, Bound] | None:
-        """An idle connection, lent with its statement's deadline started (None: none is
-        idle, or the client is closed: the pool's way)."""
+    def _lend(self) -> tuple[ConnectionPool, Connection, Cursor, Bound] | None:
+        """An idle connection and its cursor, lent with its statement's deadline started
+        (None: none is idle, or the client is closed: the pool's way)."""
         pool = self._pool
         conn = None if pool is None else pool.lend_idle()
         if conn is None or pool is None:
             return None
-        return pool, conn, self._deadlines.start(self.config.op_timeout, conn.close)
+        bound = self._deadlines.start(self.config.op_timeout, conn.close)
+        return pool, conn, pool.cursor_of(conn), bound
 
     async def _failed(
         self,
