@@ -55,10 +55,13 @@ _SESSION_ENDED = (
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Held:
-    """A grant's ``data``: its key, and the life of the holder connection it was made on."""
+    """A grant's ``data``: its key, the life of the holder connection it was made on, and
+    whether a client was in the key's line when it was taken (its release then calls the
+    next one in the same statement: see :meth:`PostgresBackend._unlock`)."""
 
     key: int
     generation: int
+    contended: bool = False
 
 
 class PostgresBackend(Backend):
@@ -79,6 +82,7 @@ class PostgresBackend(Backend):
         self._table = sql.quote_ident(table)
         self._waiters = sql.quote_ident(f"{table}_waiters")
         self._unlock_sql = sql.UNLOCK
+        self._unlock_calling = sql.unlock_calling(self._waiters)
         self._call_next = sql.call_next(self._waiters)
         self.poll_interval = settings.poll_interval
         self.channel = sql.channel_of(config.namespace)
@@ -223,7 +227,8 @@ class PostgresBackend(Backend):
                 try:
                     name, owner = sql.encode(request.name), sql.encode(request.owner)
                     called = listener.take_call(key)  # (taken by every attempt: about this one)
-                    if listener.listening_for(key):
+                    contended = listener.listening_for(key)
+                    if contended:
                         # (in the line: an urgent request marks its client's row)
                         args = (
                             key,
@@ -241,6 +246,7 @@ class PostgresBackend(Backend):
                         step = conn.fetchrow(self._try_free, key, name, owner)
                         ok, token = await holder.call(conn, step)
                         if ok is None:
+                            contended = True  # (somebody is in line)
                             step = conn.fetchval(self._try_lock, key, name, owner, listener.pid)
                             token = await holder.call(conn, step)
                 except _SESSION_ENDED:
@@ -251,7 +257,8 @@ class PostgresBackend(Backend):
                 holder.end()
         if token is None:
             return self._busy()
-        grant = Grant(request.name, request.owner, token, None, _Held(key, generation))
+        data = _Held(key, generation, contended)
+        grant = Grant(request.name, request.owner, token, None, data)
         self._held[key] = grant
         holder.keep_alive()
         return grant
@@ -288,7 +295,7 @@ class PostgresBackend(Backend):
                     return False
                 del self._held[held.key]
                 try:
-                    released = await self._unlock(conn, held.key)
+                    released = await self._unlock(conn, held.key, held.contended)
                 except BaseException as exc:
                     if not isinstance(exc, _SESSION_ENDED):
                         # Unknown whether it is still held: only ending the session is sure.
@@ -298,11 +305,22 @@ class PostgresBackend(Backend):
                 holder.end()
         return released
 
-    async def _unlock(self, conn: asyncpg.Connection, key: int) -> bool:
+    async def _unlock(self, conn: asyncpg.Connection, key: int, contended: bool = True) -> bool:
         """Unlock ``key`` on the holder session; if a client waits for it, call the one that
-        is urgent longest, else has waited longest (a second statement, only then).  Was it
-        held."""
-        held, waited = await self.holder.call(conn, conn.fetchrow(self._unlock_sql, key))
+        is urgent longest, else has waited longest.  Was it held.
+
+        ``contended`` (somebody was in line when it was taken: somebody likely is now): the
+        call is made in the same statement (:func:`~._statements.unlock_calling`), and a
+        second one only when that statement's snapshot missed the client in line.  Else the
+        unlock reads no table (:data:`~._statements.UNLOCK`: a plan that may read one locks
+        it as it starts, which costs every release), and a second statement calls, when
+        the line's mark says somebody waits."""
+        if contended:
+            step = conn.fetchrow(self._unlock_calling, key, self.channel)
+            held, called = await self.holder.call(conn, step)
+            waited = called == 0
+        else:
+            held, waited = await self.holder.call(conn, conn.fetchrow(self._unlock_sql, key))
         if waited:
             await self.holder.call(conn, conn.execute(self._call_next, key, self.channel))
         return bool(held)

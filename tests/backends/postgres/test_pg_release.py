@@ -1,0 +1,127 @@
+"""The advisory strategy's release: a lock taken while somebody was in line is released by
+one statement that unlocks and calls the first client in line (a second follows only when
+that statement's snapshot missed a client in line); an uncontended one reads no table."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+
+import aiodlock
+from tests.helpers import HANG, ClientFactory, eventually
+
+from .conftest import RawFactory
+from .pg_helpers import backend_of, line, mark
+
+
+def _count_statements(client: aiodlock.Client, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The answers of the holder session's statements from now on, in order (a keep-alive's
+    ``SELECT 1``, should one come between, is left out)."""
+    holder = backend_of(client).holder
+    answers: list[Any] = []
+    real = holder.call
+
+    async def call(conn: asyncpg.Connection, step: Any, timeout: float = 0) -> Any:
+        answer = await real(conn, step, timeout)
+        if answer != 1:
+            answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(holder, "call", call)
+    return answers
+
+
+async def _take_after_waiting(
+    make_client: ClientFactory, conn: asyncpg.Connection, name: str
+) -> aiodlock.Client:
+    """A client that holds ``name`` (taken by this task) after waiting in its line."""
+    before, client = await make_client(), await make_client(poll_interval=HANG)
+    first = before.lock(name, owner="before")
+    await first.acquire()
+    key = backend_of(client).key(name)
+
+    async def release_when_in_line() -> None:
+        await eventually(lambda: _line_is(conn, client, key, 1), what="the client in line")
+        await first.release()
+
+    releasing = asyncio.create_task(release_when_in_line())
+    await client.lock(name).acquire(timeout=HANG)
+    await releasing
+    assert backend_of(client)._held[key].data.contended
+    return client
+
+
+async def test_an_uncontended_release_is_one_statement_that_reads_no_table(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = await make_client()
+    lock = client.lock("alone")
+    answers = _count_statements(client, monkeypatch)
+    await lock.acquire()
+    await lock.release()
+    assert len(answers) == 2
+    assert tuple(answers[1]) == (True, False)  # (unlocked; nobody holds the line's mark)
+
+
+async def test_a_release_after_waiting_calls_the_next_client_in_the_same_statement(
+    make_client: ClientFactory, raw: RawFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = await raw()
+    holder = await _take_after_waiting(make_client, conn, "one")
+    waiter = await make_client(poll_interval=HANG)  # (only a NOTIFY wakes it in time)
+    key = backend_of(holder).key("one")
+
+    async def take() -> None:
+        async with waiter.lock("one", timeout=HANG):
+            pass
+
+    taker = asyncio.create_task(take())
+    await eventually(lambda: _line_is(conn, holder, key, 1), what="the waiter in line")
+    answers = _count_statements(holder, monkeypatch)
+    await holder.lock("one").release()
+    assert [tuple(a) for a in answers] == [(True, 1)]  # unlocked and called, one round trip
+    await asyncio.wait_for(taker, HANG / 3)
+    assert backend_of(waiter).listener.woke == 1
+
+
+async def test_a_client_that_joins_the_line_as_the_release_begins_is_still_called(
+    make_client: ClientFactory, raw: RawFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = await _take_after_waiting(make_client, await raw(), "late")
+    backend = backend_of(holder)
+    key = backend.key("late")
+    # A session joins the line as a client does (the mark, then its row), but its row commits
+    # only after the release's statement has taken its snapshot: that statement sees the
+    # mark held and no row, and the release asks again in a statement of its own.
+    late = await raw()
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    own = f"{backend.channel}_{late.get_server_pid()}"
+    await late.add_listener(own, lambda *args: heard.put_nowait(args[3]))
+    joining = late.transaction()
+    await joining.start()
+    await mark(late, key)
+    table = f'"{backend.table}_waiters"'
+    await late.execute(f"INSERT INTO {table} (key, pid) VALUES ($1, pg_backend_pid())", key)
+    answers = _count_statements(holder, monkeypatch)
+    real = backend.holder.call
+
+    async def call(conn: asyncpg.Connection, step: Any, timeout: float = 0) -> Any:
+        answer = await real(conn, step, timeout)
+        if len(answers) == 1:
+            await joining.commit()  # (between the release's two statements)
+        return answer
+
+    monkeypatch.setattr(backend.holder, "call", call)
+    await holder.lock("late").release()
+    assert tuple(answers[0]) == (True, 0)  # the mark, but no row in its snapshot
+    assert len(answers) == 2
+    assert await asyncio.wait_for(heard.get(), HANG) == str(key)
+    await mark(late, key, held=False)
+    await late.execute(f"DELETE FROM {table} WHERE key = $1", key)
+
+
+async def _line_is(conn: asyncpg.Connection, client: aiodlock.Client, key: int, n: int) -> bool:
+    return len(await line(conn, client, key)) == n
