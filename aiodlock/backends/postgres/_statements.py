@@ -260,9 +260,9 @@ def unlock_calling(waiters: str) -> str:
     line (the line's subquery never ran); else how many clients were called: 0 when the
     mark is held but the statement's snapshot, taken before the unlock, holds no live row (a
     client that joined the line as the release began): :func:`call_next` follows, with a
-    snapshot of its own.  (The plan opens and locks the waiters table as it starts, even
-    when the subquery does not run: about a tenth of an uncontended cycle, so an
-    uncontended release sends :data:`UNLOCK`.)"""
+    snapshot of its own.  (The server sets up the subquery's plan, and locks the waiters
+    table, as the statement starts, even when the subquery does not run: about a tenth of
+    an uncontended cycle, so an uncontended release sends :data:`UNLOCK`.)"""
     return (
         f"SELECT pg_advisory_unlock($1::bigint), CASE WHEN NOT {NOBODY_IN_LINE}"
         f" THEN (SELECT count(*) FROM ({_notify_first(waiters)}) n) END"

@@ -312,9 +312,9 @@ class PostgresBackend(Backend):
         ``contended`` (somebody was in line when it was taken: somebody likely is now): the
         call is made in the same statement (:func:`~._statements.unlock_calling`), and a
         second one only when that statement's snapshot missed the client in line.  Else the
-        unlock reads no table (:data:`~._statements.UNLOCK`: a plan that may read one locks
-        it as it starts, which costs every release), and a second statement calls, when
-        the line's mark says somebody waits."""
+        unlock reads no table (:data:`~._statements.UNLOCK`: a plan that may read one is set
+        up, and the table locked, as it starts, which would cost every release), and a
+        second statement calls, when the line's mark says somebody waits."""
         if contended:
             step = conn.fetchrow(self._unlock_calling, key, self.channel)
             held, called = await self.holder.call(conn, step)
