@@ -220,31 +220,19 @@ def pass_on(waiters: str, urgent: bool = False, *, mark: bool = False) -> str:
     return f"{gone} SELECT pg_advisory_unlock_shared({MARK}), ({call})"
 
 
-def _first_in_line(waiters: str) -> str:
-    """$1 key -> the LISTEN pid of the client first in its line (no row: nobody lives in
-    it): an urgent client first (the one urgent longest), else the one that waited longest."""
-    return (
-        f"SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
-        + DEAD_PID
-        + f" ORDER BY {_ORDER[True]} LIMIT 1"
-    )
-
-
-def _notify_first(waiters: str) -> str:
-    """$1 key, $2 channel: NOTIFY (at commit) the channel of ONE client, the first in the
-    line of ``key`` (``{channel}_{pid}``, the pid of its LISTEN session), with the key: that
-    client alone hears it, and wakes one of its waiters of the key."""
-    return (
-        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) "
-        f"FROM ({_first_in_line(waiters)}) w"
-    )
-
-
 def call_next(waiters: str) -> str:
-    """$1 key, $2 channel: call the first client in the line of ``key`` (nothing is sent
-    when nobody waits): after :data:`UNLOCK` found the key's line mark held, or
-    :func:`unlock_calling` a mark held but no row (committed after its snapshot was taken)."""
-    return _notify_first(waiters)
+    """$1 key, $2 channel: NOTIFY (at commit) the channel of ONE client, the one that has
+    waited longest for ``key`` (``{channel}_{pid}``, the pid of its LISTEN session), with the
+    key: that client alone hears it, and wakes one of its waiters of the key.  An urgent
+    client comes first (the one urgent longest).  Nothing is sent when nobody waits.  Sent
+    after :data:`UNLOCK` found the key's line mark held, and after :func:`unlock_calling`
+    found it held but no row (one committed after that statement's snapshot was taken)."""
+    return (
+        "SELECT pg_notify($2::text || '_' || w.pid::text, $1::bigint::text) FROM "
+        f"(SELECT pid FROM {waiters} WHERE key = $1::bigint AND NOT "
+        + DEAD_PID
+        + f" ORDER BY {_ORDER[True]} LIMIT 1) w"
+    )
 
 
 #: $1 key -> (was it held, may a client wait for it).  The unlock, then a probe of the
@@ -265,7 +253,7 @@ def unlock_calling(waiters: str) -> str:
     an uncontended cycle, so an uncontended release sends :data:`UNLOCK`.)"""
     return (
         f"SELECT pg_advisory_unlock($1::bigint), CASE WHEN NOT {NOBODY_IN_LINE}"
-        f" THEN (SELECT count(*) FROM ({_notify_first(waiters)}) n) END"
+        f" THEN (SELECT count(*) FROM ({call_next(waiters)}) n) END"
     )
 
 
