@@ -87,6 +87,34 @@ async def test_a_release_after_waiting_calls_the_next_client_in_the_same_stateme
     assert backend_of(waiter).listener.woke == 1
 
 
+async def test_a_release_calls_the_first_live_client_past_rows_of_ended_sessions(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    conn = await raw()
+    holder = await _take_after_waiting(make_client, conn, "past")
+    waiter = await make_client(poll_interval=HANG)
+    backend = backend_of(holder)
+    key = backend.key("past")
+
+    async def take() -> None:
+        async with waiter.lock("past", timeout=HANG):
+            pass
+
+    taker = asyncio.create_task(take())
+    await eventually(lambda: _line_is(conn, holder, key, 1), what="the waiter in line")
+    # Rows of sessions that have ended, first in line by far (a joining client purges them:
+    # these come after the waiter joined, as a client killed meanwhile leaves its row).
+    table = f'"{backend.table}_waiters"'
+    insert = f"INSERT INTO {table} (key, pid, since, urgent_since) VALUES ($1, $2, $3, $3)"
+    long_ago = await conn.fetchval("SELECT now() - interval '1 hour'")
+    for dead in (2**31 - 1, 2**31 - 2):  # (no such server processes)
+        await conn.execute(insert, key, dead, long_ago)
+    await holder.lock("past").release()
+    await asyncio.wait_for(taker, HANG / 3)  # (called: its poll is HANG seconds away)
+    assert backend_of(waiter).listener.woke == 1
+    await conn.execute(f"DELETE FROM {table} WHERE key = $1", key)
+
+
 async def test_a_client_that_joins_the_line_as_the_release_begins_is_still_called(
     make_client: ClientFactory, raw: RawFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
