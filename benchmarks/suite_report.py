@@ -5,9 +5,12 @@ markdown table, the JSON file and the PNG chart.
 A *row* is one library on one backend: ``{"backend", "name", "role", "cycles_per_s",
 "handoff_p50_ms", "handoff_p99_ms", "note"}``, ``role`` one of ``aiodlock`` (the backend's
 default), ``variant`` (another aiodlock strategy), ``peer`` or ``floor``; a value a
-benchmark does not measure is None.  An *E row* is workload E on one backend (4 processes x
-2 tasks on one name): ``{"backend", "handoff_p50_ms", "handoff_p99_ms", "handoffs",
-"share_min_max_ratio", "shares", "verdict"}``.
+benchmark does not measure is None.  A row of a benchmark that measures A in paired slices
+(:mod:`benchmarks.paired`) also holds ``floor_ratio``, the median of its ratios to the floor
+within a round, which the summary shows instead of the ratio of the two medians.  An *E
+row* is workload E on one backend (4 processes x 2 tasks on one name): ``{"backend",
+"handoff_p50_ms", "handoff_p99_ms", "handoffs", "share_min_max_ratio", "shares",
+"verdict"}``.
 """
 
 from __future__ import annotations
@@ -34,9 +37,16 @@ ROLES = ("aiodlock", "variant", "peer", "floor")
 
 
 def _row(
-    backend: str, name: str, role: str, a: Any, b: dict[str, Any] | None, note: str = ""
+    backend: str,
+    name: str,
+    role: str,
+    a: Any,
+    b: dict[str, Any] | None,
+    note: str = "",
+    floor_ratio: float | None = None,
 ) -> dict[str, Any]:
     b = b or {}
+    paired = {} if floor_ratio is None else {"floor_ratio": round(float(floor_ratio), 3)}
     return {
         "backend": backend,
         "name": name,
@@ -46,6 +56,7 @@ def _row(
         "handoff_p99_ms": None if b.get("p99_ms") is None else round(float(b["p99_ms"]), 3),
         "handoffs": b.get("n"),
         "note": note,
+        **paired,
     }
 
 
@@ -93,8 +104,11 @@ def postgres_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     def median(values: Sequence[float] | None) -> float | None:
         return statistics.median(values) if values else None
 
+    ours = median(a.get("aiodlock"))
     return [
-        _row("postgres", "aiodlock", "aiodlock", median(a.get("aiodlock")), b.get("aiodlock")),
+        _row(
+            "postgres", "aiodlock", "aiodlock", ours, b.get("aiodlock"), "", a.get("ratio_median")
+        ),
         _row("postgres", "polling 0.1 s", "peer", None, b.get("polling"), "B only"),
         _row("postgres", "floor", "floor", median(a.get("floor")), None),
     ]
@@ -120,7 +134,8 @@ def mysql_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             gap = {"p50_ms": r.get("handoff_p50_ms"), "p99_ms": p99}
             role = "aiodlock" if strategy == "table" and default else "variant"
             label = f"aiodlock {strategy}{suffix}"
-            rows.append(_row("mysql", label, role, r.get("cycles_per_s"), gap, note))
+            ratio = r.get("ratio")
+            rows.append(_row("mysql", label, role, r.get("cycles_per_s"), gap, note, ratio))
         if default and part.get("floor") is not None:
             rows.append(_row("mysql", "floor", "floor", part["floor"], None))
     return rows
@@ -208,7 +223,11 @@ def markdown(doc: dict[str, Any]) -> str:
         me, pa, pb, fl, e = s["aiodlock"], s["peer_a"], s["peer_b"], s["floor"], s["E"]
         ours = me["cycles_per_s"] if me else None
         floor = fl["cycles_per_s"] if fl else None
-        ratio = f"{ours / floor:.2f}" if ours and floor else "–"
+        paired = me.get("floor_ratio") if me else None
+        if paired is not None:
+            ratio = f"{paired:.2f} (paired)"
+        else:
+            ratio = f"{ours / floor:.2f}" if ours and floor else "–"
         peer_a = f"{_num(pa['cycles_per_s'])} ({pa['name']})" if pa else "–"
         peer_b = f"{_gap(pb['handoff_p50_ms'], pb['handoff_p99_ms'])} ({pb['name']})" if pb else "–"
         gap_me = _gap(me["handoff_p50_ms"], me["handoff_p99_ms"]) if me else "–"

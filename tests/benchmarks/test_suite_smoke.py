@@ -42,13 +42,22 @@ def fake_doc() -> dict[str, object]:
         *suite_report.mysql_rows(
             {
                 "floor": 4000.0,
-                "table": {"cycles_per_s": 450.0, "handoff_p50_ms": 5.0, "handoff_max_ms": 6.0},
+                "table": {
+                    "cycles_per_s": 450.0,
+                    "ratio": 0.125,  # (paired: not 450 / 4000)
+                    "handoff_p50_ms": 5.0,
+                    "handoff_max_ms": 6.0,
+                },
                 "named": {"cycles_per_s": 1200.0, "handoff_p50_ms": 4.0, "handoff_max_ms": 7.0},
             }
         ),
         *suite_report.postgres_rows(
             {
-                "A": {"floor": [9000.0, 11000.0], "aiodlock": [4000.0, 5000.0]},
+                "A": {
+                    "floor": [9000.0, 11000.0],
+                    "aiodlock": [4000.0, 5000.0],
+                    "ratio_median": 0.47,  # (paired: the median of 4000/9000 and 5000/11000)
+                },
                 "B": {"aiodlock": {"p50_ms": 1.0, "p99_ms": 7.0}, "polling": {"p99_ms": 95.0}},
             }
         ),
@@ -111,6 +120,9 @@ def test_writer_makes_markdown_json_and_a_png(tmp_path: Path) -> None:
         in text
     )
     assert "| redis | 800 of 800 | 500 | 0.40 | 1.70 | 190/200/180/170 | 0.85 | PASS |" in text
+    # (a benchmark that pairs its slices gives its own ratio; the others, the medians')
+    assert "| postgres | 4,500 | – | 10,000 | 0.47 (paired) |" in text
+    assert "| mysql | 450 | – | 4,000 | 0.12 (paired) |" in text
     assert "zookeeper A/B: exit 1" in text  # a failed step is reported, not hidden
     png = png_path.read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
