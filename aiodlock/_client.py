@@ -117,7 +117,8 @@ class Client:
         self._default_acquire = type(backend).acquire is Backend.acquire
         self._local = LocalWaiters(backend)
         #: A unique string per client instance; owners are ``f"{id}:{n}"`` (a task) and
-        #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``.
+        #: ``f"{id}/{key}"`` (``owner=key``): the id has neither ``:`` nor ``/``
+        #: (:func:`~aiodlock._types.client_of` reads it back).
         self.id: str = _make_client_id()
         self._holds: dict[tuple[str, str], Hold] = {}
         self._holding: dict[str, int] = {}  # owner -> how many of _holds are its

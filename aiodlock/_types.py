@@ -18,11 +18,18 @@ __all__ = [
     "LostCallback",
     "Request",
     "Waiter",
+    "client_of",
     "monotonic",
 ]
 
 monotonic = time.monotonic
 """The client-side clock (the asyncio event loop uses the same one)."""
+
+
+def client_of(owner: str) -> str:
+    """The id of the client that ``owner`` belongs to: a client's owners are ``f"{id}:{n}"``
+    (a task) and ``f"{id}/{key}"`` (``owner=key``), and an id holds neither ``:`` nor ``/``."""
+    return owner.split("/", 1)[0].split(":", 1)[0]
 
 
 class Capability(enum.Flag):

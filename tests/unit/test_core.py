@@ -16,7 +16,7 @@ import pytest
 import aiodlock
 import aiodlock.testing
 from aiodlock import BackendError
-from aiodlock._types import Grant, Request, Waiter
+from aiodlock._types import Grant, Request, Waiter, client_of
 from aiodlock.backends._base import Backend
 from aiodlock.backends.memory import MemoryBackend
 from tests.helpers import eventually
@@ -857,3 +857,10 @@ async def test_a_clean_up_runs_to_its_end_when_the_task_is_cancelled_again() -> 
         assert await c.status("twice") is None
         assert await c.lock("twice").try_acquire() is not None
         await c.lock("twice").release()
+
+
+async def test_client_of_reads_the_client_back_from_either_kind_of_owner() -> None:
+    client = aiodlock.connect("memory://")
+    async with client, client.lock("a") as by_task, client.lock("b", owner="job:7/x") as by_key:
+        assert by_task.owner != by_key.owner
+        assert client_of(by_task.owner) == client_of(by_key.owner) == client.id

@@ -208,6 +208,7 @@ class Listener:
         urgent: bool = False,
         mark: bool = False,
         holds: Callable[[int], bool] | None = None,
+        clients: bool = False,
     ) -> None:
         self._settings = settings
         #: ``holds(key)``: this client holds the key (given: a call for a key this client
@@ -216,7 +217,11 @@ class Listener:
         self._forwards: set[asyncio.Task[None]] = set()
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
-        self._join = sql.join_line(waiters, mark=mark)
+        self._join = sql.join_line(waiters, mark=mark, client=clients)
+        #: (``clients``) the id of this client, which its rows in line name (set by the
+        #: first waiter: see :meth:`waiter`)
+        self._clients = clients
+        self.client: str | None = None
         #: leaving, by a client in the line (it gives its line mark back, if ``mark``) and
         #: by one whose row went already (a forwarded call)
         self._leave = {True: sql.leave_line(waiters, mark=mark), False: sql.leave_line(waiters)}
@@ -255,11 +260,14 @@ class Listener:
 
     @contextlib.asynccontextmanager
     async def waiter(
-        self, key: int, backoff: Backoff, tag: object = None
+        self, key: int, backoff: Backoff, tag: object = None, client: str | None = None
     ) -> AsyncIterator[BoardWaiter]:
-        """A local waiter of ``key`` (``tag``: what a wake-up meant for it alone names): on
-        the board, in the line of ``key`` while any local waiter is; it polls with
-        ``backoff`` while a release would not reach it."""
+        """A local waiter of ``key`` (``tag``: what a wake-up meant for it alone names;
+        ``client``: the id of this client, for a listener of ``clients``): on the board, in
+        the line of ``key`` while any local waiter is; it polls with ``backoff`` while a
+        release would not reach it."""
+        if client is not None:
+            self.client = client
         slot = self.board.add(str(key), tag)
         try:
             since = None
@@ -291,8 +299,9 @@ class Listener:
             if conn is None or conn.is_closed():
                 conn = await self._listen()
             if conn is not None and key not in self.joined:
+                args = (key, self.client) if self._clients else (key,)
                 try:
-                    await self._call(conn, conn.execute(self._join, key))
+                    await self._call(conn, conn.execute(self._join, *args))
                 except BaseException:
                     # (a row may have been made for nobody: end the session, its rows die)
                     conn.terminate()

@@ -9,6 +9,7 @@ import hashlib
 __all__ = [
     "call_next",
     "channel_of",
+    "client_of",
     "create_table",
     "lock_key",
     "quote_ident",
@@ -146,7 +147,9 @@ def try_lock(table: str, waiters: str, *, in_line: bool) -> str:
     ) + _bump(table, taken)
 
 
-def create_waiters(waiters: str) -> str:
+def create_waiters(waiters: str, *, clients: bool = False) -> str:
+    """The line of LISTEN sessions; ``clients`` (the table strategy's): each row names the
+    id of its session's client, whose owners' waiters it wakes."""
     return (
         f"CREATE TABLE IF NOT EXISTS {waiters} ("
         " key bigint NOT NULL,"
@@ -154,20 +157,38 @@ def create_waiters(waiters: str) -> str:
         " since timestamptz NOT NULL DEFAULT clock_timestamp(),"
         # (advisory: since when one of its waiters is urgent; NULL: none is)
         " urgent_since timestamptz,"
-        " PRIMARY KEY (key, pid))"
+        + (" client text," if clients else "")
+        + " PRIMARY KEY (key, pid))"
+    )
+
+
+def _has_column(column: str) -> str:
+    """$1 a table (quoted) -> has it ``column``."""
+    return (
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text)"
+        f" AND attname = '{column}' AND NOT attisdropped)"
     )
 
 
 #: $1 a waiters table (quoted) -> has it the ``urgent_since`` column (a table made before
 #: it existed has not: :func:`add_urgent`).
-HAS_URGENT = (
-    "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text)"
-    " AND attname = 'urgent_since' AND NOT attisdropped)"
-)
+HAS_URGENT = _has_column("urgent_since")
+#: $1 a waiters table (quoted) -> has it the ``client`` column (:func:`add_client`).
+HAS_CLIENT = _has_column("client")
 
 
 def add_urgent(waiters: str) -> str:
     return f"ALTER TABLE {waiters} ADD COLUMN IF NOT EXISTS urgent_since timestamptz"
+
+
+def add_client(waiters: str) -> str:
+    return f"ALTER TABLE {waiters} ADD COLUMN IF NOT EXISTS client text"
+
+
+def client_of(owner: str) -> str:
+    """The id of the client of ``owner`` (a column or an expression), in SQL, as
+    :func:`aiodlock._types.client_of` reads it."""
+    return f"split_part(split_part({owner}, '/', 1), ':', 1)"
 
 
 def alive(pid: str) -> str:
@@ -179,14 +200,16 @@ def alive(pid: str) -> str:
 DEAD_PID = "NOT " + alive("pid")
 
 
-def join_line(waiters: str, *, mark: bool = False) -> str:
+def join_line(waiters: str, *, mark: bool = False, client: bool = False) -> str:
     """$1 key: this LISTEN session waits for it (rows of dead sessions go on the way);
-    ``mark``: it takes the key's line mark (:data:`MARK`) before its row is made."""
+    ``mark``: it takes the key's line mark (:data:`MARK`) before its row is made;
+    ``client``: $2 the id of its client (NULL: unknown), kept in the row."""
     marked = f"m AS (SELECT pg_advisory_lock_shared({MARK})), " if mark else ""
+    columns, values = ("key, pid, client", ", $2::text") if client else ("key, pid", "")
     return (
         f"WITH {marked}gone AS (DELETE FROM {waiters} WHERE key = $1::bigint AND "
         + DEAD_PID
-        + f") INSERT INTO {waiters} (key, pid) SELECT $1::bigint, pg_backend_pid()"
+        + f") INSERT INTO {waiters} ({columns}) SELECT $1::bigint, pg_backend_pid(){values}"
         + (" FROM m" if mark else "")
         + " ON CONFLICT DO NOTHING"
     )

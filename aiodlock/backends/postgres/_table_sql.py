@@ -18,17 +18,20 @@ NOW = POSTGRES.now_expr
 
 def call_next(listeners: str, line: str, when: str = "") -> str:
     """$1 key, $2 channel, $3 namespace, $4 name: NOTIFY (at commit) the client whose waiter
-    may take the name now.  With a line of waiters (fair or urgent ones), every client
-    listening for the name is told the owner first in line (``"key owner"``) and only the
-    one where that owner waits wakes it; without one, the client that has waited longest
-    alone is told the key (as :func:`._statements.call_next`), and wakes one of its waiters.
-    ``when``: an extra condition (``AND ...``): nobody is called unless it holds."""
+    may take the name now.  With a line of waiters (fair or urgent ones), the client of the
+    owner first in line is told that owner (``"key owner"``), and wakes its waiter (a row
+    that names no client, a client of an earlier aiodlock's, is told too: it may be that
+    one); without one, the client that has waited longest alone is told the key (as
+    :func:`._statements.call_next`), and wakes one of its waiters.  ``when``: an extra
+    condition (``AND ...``): nobody is called unless it holds."""
+    first = f"(SELECT {sql.client_of('owner')} FROM head)"
     return (
         f"WITH head AS (SELECT owner FROM {line} WHERE namespace = $3 AND name = $4"
         f" AND expires_at > {NOW} ORDER BY id LIMIT 1) "
         "SELECT pg_notify($2::text || '_' || w.pid::text,"
         " $1::bigint::text || coalesce(' ' || (SELECT owner FROM head), '')) FROM"
         f" (SELECT pid FROM {listeners} WHERE key = $1::bigint AND NOT {sql.DEAD_PID} {when}"
+        f" AND (client IS NULL OR NOT EXISTS (SELECT 1 FROM head) OR client = {first})"
         " ORDER BY since LIMIT CASE WHEN EXISTS (SELECT 1 FROM head) THEN NULL ELSE 1 END) w"
     )
 

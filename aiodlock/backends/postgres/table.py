@@ -25,7 +25,16 @@ from typing import Any, ClassVar, Self
 
 from ..._errors import BackendError, ConfigurationError
 from ..._retry import retrying
-from ..._types import Busy, Capability, CommonConfig, Grant, LostCallback, Request, Waiter
+from ..._types import (
+    Busy,
+    Capability,
+    CommonConfig,
+    Grant,
+    LostCallback,
+    Request,
+    Waiter,
+    client_of,
+)
 from ..._url import ParsedURL, take_int
 from ..._wakeup import Backoff, WakeupBoard
 from .._sql import Execute, Fetch, Script
@@ -127,8 +136,11 @@ class PostgresTableBackend(LockTableBackend):
         relations += [f"{t.line}_expiry", self._listeners]
         rows = yield Fetch(_MISSING, (relations,))
         if rows[0][0]:
-            for statement in [*t.schema(), sql.create_waiters(self._listeners)]:
+            for statement in [*t.schema(), sql.create_waiters(self._listeners, clients=True)]:
                 yield Execute(statement, ())
+        rows = yield Fetch(sql.HAS_CLIENT, (self._listeners,))
+        if not rows[0][0]:  # (a table made before the column: once)
+            yield Execute(sql.add_client(self._listeners), ())
 
     async def open(self, on_lost: LostCallback) -> None:
         if self._pool is not None:
@@ -137,7 +149,7 @@ class PostgresTableBackend(LockTableBackend):
         self._pool = Pool(
             lambda: self.settings.connect(**timeouts), self.pool_size, self.settings.translate
         )
-        self._listener = Listener(self.settings, self.channel, self._listeners)
+        self._listener = Listener(self.settings, self.channel, self._listeners, clients=True)
         try:
             # (CREATE ... IF NOT EXISTS by two sessions at once: one of them may fail)
             await retrying(
@@ -176,7 +188,8 @@ class PostgresTableBackend(LockTableBackend):
 
     def waiter(self, request: Request) -> AbstractAsyncContextManager[Waiter]:
         backoff = Backoff(self.poll_min, self.poll_max)
-        return self.listener.waiter(self.key(request.name), backoff, request.owner)
+        key, owner = self.key(request.name), request.owner
+        return self.listener.waiter(key, backoff, owner, client_of(owner))
 
     async def try_acquire(self, request: Request, *, will_wait: bool) -> Grant | Busy:
         if not _storable(request.owner):

@@ -14,7 +14,8 @@ import asyncpg
 import pytest
 
 import aiodlock
-from aiodlock._types import Busy, Grant, Request
+from aiodlock._types import Busy, Grant, Request, client_of
+from aiodlock.backends.postgres import _statements as sql
 from aiodlock.backends.postgres.table import PostgresTableBackend
 from tests.helpers import HANG, ClientFactory, eventually, take_turns
 from tests.servers import PostgresServer
@@ -202,7 +203,61 @@ async def test_fair_locks_are_granted_in_line_order_woken_by_notify(
     }
     assert order == [0, 1, 2, 3], seen
     assert [table_of(c).listener.woke for c in clients] == [1, 1, 1, 1], seen
+    # (each release told the client of the first in line alone: nobody else heard it)
+    assert [table_of(c).listener.heard for c in clients] == [1, 1, 1, 1], seen
     assert await line(conn, namespace) == []
+
+
+@pytest.mark.parametrize(
+    "owner", ["host-1-abc:7", "host-1-abc/job:17/a", "host-1-abc/", "host-1-abc/:/::", "x"]
+)
+async def test_the_servers_reading_of_an_owners_client_is_the_cores(
+    raw: RawFactory, owner: str
+) -> None:
+    conn = await raw()
+    assert await conn.fetchval(f"SELECT {sql.client_of('$1::text')}", owner) == client_of(owner)
+
+
+async def test_a_row_in_line_that_names_no_client_is_still_told(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    """A client of an earlier aiodlock (its rows name no client) waiting for a name with a
+    line: a release still tells it who is first (it may be its owner)."""
+    holder, waiter = await make_client(), await make_client(poll_interval=HANG)
+    await holder.lock("mixed").acquire()
+    taker = asyncio.create_task(_take_fair(waiter, "mixed"))
+    conn, old = await raw(), await raw()
+    key = table_of(holder).key("mixed")
+    await eventually(lambda: _count(listeners(conn, key), 1), what="the waiter listening")
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    channel = f"{table_of(holder).channel}_{old.get_server_pid()}"
+    await old.add_listener(channel, lambda *args: heard.put_nowait(args[3]))
+    await old.execute(
+        "INSERT INTO aiodlock_listeners (key, pid) VALUES ($1, pg_backend_pid())", key
+    )
+    await holder.lock("mixed").release()
+    await asyncio.wait_for(taker, HANG / 3)
+    said = await asyncio.wait_for(heard.get(), HANG)
+    assert said.startswith(f"{key} {table_of(waiter).listener.client}")
+    assert table_of(waiter).listener.heard == 1
+    await old.execute("DELETE FROM aiodlock_listeners WHERE pid = pg_backend_pid()")
+
+
+async def test_a_listeners_table_made_before_the_client_column_gets_it(
+    make_client: ClientFactory, raw: RawFactory
+) -> None:
+    conn = await raw()
+    await conn.execute("ALTER TABLE aiodlock_listeners DROP COLUMN IF EXISTS client")
+    assert not await conn.fetchval(sql.HAS_CLIENT, "aiodlock_listeners")
+    client = await make_client()
+    assert await conn.fetchval(sql.HAS_CLIENT, "aiodlock_listeners")
+    async with client.lock("after", timeout=0):
+        pass
+
+
+async def _take_fair(client: aiodlock.Client, name: str) -> None:
+    async with client.lock(name, fair=True, timeout=HANG):
+        pass
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.02])
