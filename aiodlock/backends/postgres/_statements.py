@@ -231,7 +231,9 @@ def _first_alive(waiters: str, order: str, others: bool = False) -> str:
     """$1 key -> the pid of the first live client in the key's line, in ``order`` (``others``:
     not this session).  Whether a session lives is asked of the rows in line order until one
     does, not of the whole line (each asking reads the server's list of sessions: with 100
-    clients in line, a millisecond)."""
+    clients in line, a millisecond).  (PostgreSQL keeps a subquery with ORDER BY apart and
+    reads its rows in that order; were one ever read out of order, the call would reach a
+    later client, which passes a call it cannot use on to the first: slower, not wrong.)"""
     mine = " AND pid <> pg_backend_pid()" if others else ""
     return (
         f"SELECT o.pid FROM (SELECT pid FROM {waiters} WHERE key = $1::bigint{mine}"
