@@ -233,7 +233,8 @@ def _first_alive(waiters: str, order: str, others: bool = False) -> str:
     does, not of the whole line (each asking reads the server's list of sessions: with 100
     clients in line, a millisecond).  (PostgreSQL keeps a subquery with ORDER BY apart and
     reads its rows in that order; were one ever read out of order, the call would reach a
-    later client, which passes a call it cannot use on to the first: slower, not wrong.)"""
+    later client, which takes the lock or, barred by an urgent client, passes the call on
+    to it: not the line's order, never a lost call.)"""
     mine = " AND pid <> pg_backend_pid()" if others else ""
     return (
         f"SELECT o.pid FROM (SELECT pid FROM {waiters} WHERE key = $1::bigint{mine}"
