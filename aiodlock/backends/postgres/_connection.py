@@ -243,6 +243,11 @@ class Listener:
         self._mutex = asyncio.Lock()
         self._relisten = Heartbeat(self._rejoin, "aiodlock:postgres-listen")
         self._pauses = Backoff(0.05, 1.0)
+        #: The session closes ``idle`` seconds after the last local waiter left (every NOTIFY
+        #: of the database wakes every LISTENing session, so an idle one costs the server).
+        self.idle = settings.listen_idle
+        self._idle_since = 0.0
+        self._idler = Heartbeat(self._close_if_idle, "aiodlock:postgres-listen-idle")
 
     def listening(self) -> bool:
         return self.conn is not None and not self.conn.is_closed()
@@ -283,7 +288,35 @@ class Listener:
             if not self.board.count(str(key)):
                 # (to its end, even if the task is cancelled again meanwhile: a call it
                 # passes on must reach the next client)
-                await finish(self._leave_quietly(key, called))
+                try:
+                    await finish(self._leave_quietly(key, called))
+                finally:
+                    self._went_idle()
+
+    def _went_idle(self) -> None:
+        """(a local waiter left) No waiter left: the session closes in ``idle`` seconds,
+        unless another comes first."""
+        if not self.board.names() and not self.closed:
+            self._idle_since = monotonic()
+            self._idler.start(self.idle)
+
+    async def _close_if_idle(self) -> float | None:
+        """(the idle heartbeat) Close the session once no local waiter has come for ``idle``
+        seconds; the pause before looking again, or None: done (a waiter that comes keeps
+        the session, and starts this again when it leaves)."""
+        if self.closed or self.board.names():
+            return None
+        left = self._idle_since + self.idle - monotonic()
+        if left > 0:
+            return left
+        async with self._mutex:  # (after a join, a leave or a passed-on call under way)
+            if self.closed or self.board.names():
+                return None
+            conn, self.conn, self.pid = self.conn, None, 0
+            self.joined.clear()  # (rows left behind, if any, end with the session)
+        if conn is not None:
+            await finish(_close(conn, self.op_timeout))
+        return None
 
     async def _leave_quietly(self, key: int, called: bool) -> None:
         with contextlib.suppress(BackendError), self._settings.translate("leave"):
@@ -423,6 +456,7 @@ class Listener:
     async def close(self) -> None:
         self.closed = True
         self._relisten.stop()
+        await self._idler.aclose()  # (a close under way ends first)
         for task in list(self._forwards):
             task.cancel()
         conn, self.conn = self.conn, None

@@ -73,6 +73,8 @@ class Settings:
                 f"not {self.sslmode!r}"
             )
         self.poll_interval = take_float(options, "poll_interval", 1.0, allow_zero=False)
+        #: Seconds a LISTEN session stays open after its client's last waiter left.
+        self.listen_idle = take_float(options, "listen_idle", 30.0, allow_zero=False)
         self.application_name = take_str(options, "application_name", "aiodlock") or "aiodlock"
 
     def describe(self, *extra: str) -> str:

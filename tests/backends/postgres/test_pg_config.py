@@ -41,6 +41,8 @@ def test_url_forms_and_the_password_is_never_shown() -> None:
         ("strategy=lock", "strategy"),
         ("sslmode=sometimes", "sslmode"),
         ("poll_interval=0", "poll_interval"),
+        ("listen_idle=0", "listen_idle"),
+        ("listen_idle=soon", "listen_idle"),
         ("bogus=1", "bogus"),
     ],
 )
