@@ -422,7 +422,8 @@ class ServerLinks:
         self.link = link
         self._make_wait_link = make_wait_link
         self._wait_link: Link | None = None
-        self._sentinels = sentinels
+        #: (in the order they are asked: the one that answered last first)
+        self.sentinels = sentinels
         # NOTE: the link's own methods, not wrappers: the hot path pays no extra call.
         self.eval = link.eval
         self.eval_many = link.eval_many
@@ -443,7 +444,7 @@ class ServerLinks:
                 link.drop(ConnectionError("the server may have changed"))
 
     def close(self) -> None:
-        for link in (self.link, self._wait_link, *self._sentinels):
+        for link in (self.link, self._wait_link, *self.sentinels):
             if link is not None:
                 link.close()
 
@@ -473,13 +474,26 @@ def connect_deployment(s: Settings, config: CommonConfig) -> tuple[Links, Link]:
             make_link(Address(h, p, tls=tls), f"redis sentinel {h}:{p}", auth) for h, p in s.hosts
         ]
 
+        # (each sentinel gets its share of a connection's time: one that stopped answering
+        # must not use it all before the next is asked)
+        each = min(config.op_timeout, config.connect_timeout / len(sentinels))
+        ask = pack(b"SENTINEL", b"get-master-addr-by-name", service)
+
         async def master() -> Address:
             """Where the master a Sentinel names listens: asked again for every new
-            connection, so a link follows a failover when it reconnects."""
+            connection, so a link follows a failover when it reconnects.  The sentinels are
+            asked in turn; the one that answered is asked first the next time."""
             failures = []
-            for link in sentinels:
-                reply = await link.call(pack(b"SENTINEL", b"get-master-addr-by-name", service))
+            for link in list(sentinels):
+                try:
+                    async with asyncio.timeout(each):
+                        reply = await link.call(ask)
+                except TimeoutError:
+                    reply = f"no answer within {each:g} s"
                 if isinstance(reply, list) and len(reply) == 2:
+                    if link is not sentinels[0]:
+                        sentinels.remove(link)
+                        sentinels.insert(0, link)
                     return Address(reply[0].decode(), int(reply[1]), tls=tls)
                 failures.append(f"{link.label}: {reply if reply is not None else 'unknown master'}")
             raise NodeConnectionError(

@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 import aiodlock
 from aiodlock._types import Grant, Request
-from aiodlock.backends.redis._deployments import ClusterLinks
+from aiodlock.backends.redis._deployments import ClusterLinks, ServerLinks
 from tests.servers import ClusterDeployment, SentinelDeployment
 
 from .redis_helpers import HANG, ClientFactory, Monitor, backend_of, eventually, writes
@@ -69,6 +69,24 @@ async def test_sentinel_with_sync_replicas(
     with pytest.raises(aiodlock.BackendError, match="replicas acknowledged"):
         await too_many.lock("sync").acquire()
     assert await a.status("sync") is None  # the unconfirmed grant was released again
+
+
+async def test_a_sentinel_that_stops_answering_is_passed_over(
+    sentinel_deployment: SentinelDeployment, make_client: ClientFactory
+) -> None:
+    """The first sentinel of the URL is frozen: a new connection asks it for a share of
+    ``connect_timeout``, then the next one, which is asked first from then on."""
+    first, second = sentinel_deployment.sentinels[:2]
+    await asyncio.to_thread(first.pause)
+    try:
+        client = await make_client(sentinel_deployment.url, op_timeout=5.0, connect_timeout=5.0)
+        async with client.lock("s:frozen") as lease:
+            assert lease.token >= 1
+        links = backend_of(client).links
+        assert isinstance(links, ServerLinks)
+        assert links.sentinels[0].label.endswith(f":{second.port}")
+    finally:
+        await asyncio.to_thread(first.resume)
 
 
 @pytest.mark.slow
