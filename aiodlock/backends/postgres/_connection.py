@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
@@ -214,7 +214,11 @@ class Listener:
         #: ``holds(key)``: this client holds the key (given: a call for a key this client
         #: neither waits for nor holds is passed on, see :meth:`_notified`).
         self._holds = holds
-        self._forwards: set[asyncio.Task[None]] = set()
+        #: Tasks of this listener's own (a forwarded call, a leave after a grant): cancelled
+        #: by close().
+        self._background: set[asyncio.Task[None]] = set()
+        #: Leaves of a line after a grant, under way (see :meth:`settled`).
+        self._leaving: dict[int, asyncio.Task[None]] = {}
         self.channel = channel
         self.op_timeout = settings.config.op_timeout
         self._join = sql.join_line(waiters, mark=mark, client=clients)
@@ -286,12 +290,41 @@ class Listener:
             called = slot.event.is_set()  # (a wake-up it did not use)
             self.board.remove(slot)  # (which hands it to another local waiter, if any)
             if not self.board.count(str(key)):
-                # (to its end, even if the task is cancelled again meanwhile: a call it
-                # passes on must reach the next client)
-                try:
-                    await finish(self._leave_quietly(key, called))
-                finally:
-                    self._went_idle()
+                if self._holds is not None and self._holds(key) and not self.closed:
+                    # Granted: the place in line goes while the lock is held, not on the
+                    # hand-off's path; a release of the key waits for it (see settled()).
+                    self._start(self._leave_after_grant(key, called), leaving=key)
+                else:
+                    # (to its end, even if the task is cancelled again meanwhile: a call it
+                    # passes on must reach the next client)
+                    try:
+                        await finish(self._leave_quietly(key, called))
+                    finally:
+                        self._went_idle()
+
+    def _start(self, work: Coroutine[Any, Any, None], leaving: int | None = None) -> None:
+        """Run ``work`` in a task of this listener's own (``leaving``: a leave of that key's
+        line, which :meth:`settled` waits for)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if leaving is not None:
+            self._leaving[leaving] = task
+
+    async def _leave_after_grant(self, key: int, called: bool) -> None:
+        try:
+            await self._leave_quietly(key, called)
+        finally:
+            if self._leaving.get(key) is asyncio.current_task():
+                del self._leaving[key]
+            self._went_idle()
+
+    async def settled(self, key: int) -> None:
+        """(before a release of ``key``) Wait for its line's leave after the grant, if it is
+        under way: the release must not find this client's own place in line."""
+        task = self._leaving.get(key)
+        if task is not None:
+            await asyncio.wait((task,))
 
     def _went_idle(self) -> None:
         """(a local waiter left) No waiter left: the session closes in ``idle`` seconds,
@@ -413,9 +446,7 @@ class Listener:
             # leaving, as the call was on its way: e.g. another client's attempt, barred by
             # this client's place in line, found the lock free and called it): the next
             # client in line must not lose it.  (One that holds the key calls the next itself.)
-            task = asyncio.get_running_loop().create_task(self._forward(int(key)))
-            self._forwards.add(task)
-            task.add_done_callback(self._forwards.discard)
+            self._start(self._forward(int(key)))
 
     async def _forward(self, key: int) -> None:
         with contextlib.suppress(Exception):
@@ -457,7 +488,7 @@ class Listener:
         self.closed = True
         self._relisten.stop()
         await self._idler.aclose()  # (a close under way ends first)
-        for task in list(self._forwards):
+        for task in list(self._background):
             task.cancel()
         conn, self.conn = self.conn, None
         self.joined.clear()

@@ -283,6 +283,8 @@ class PostgresBackend(Backend):
 
     async def release(self, grant: Grant) -> bool:
         held: _Held = grant.data
+        if held.contended and self._listener is not None:
+            await self._listener.settled(held.key)  # (this client's place in line is gone)
         if self._held.get(held.key) is not grant:
             return False  # lost with its session, or broken by force_release
         holder = self._holder

@@ -153,3 +153,54 @@ async def test_a_client_that_joins_the_line_as_the_release_begins_is_still_calle
 
 async def _line_is(conn: asyncpg.Connection, client: aiodlock.Client, key: int, n: int) -> bool:
     return len(await line(conn, client, key)) == n
+
+
+async def test_a_granted_waiter_leaves_its_line_off_the_hand_off_path(
+    make_client: ClientFactory, raw: RawFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's place in line goes after its grant, in the background: the acquire returns
+    without waiting for that round trip, and the release waits until the place is gone, so
+    that its call reaches the next client in line (no poll within the test) and not itself."""
+    conn = await raw()
+    holder = await make_client()
+    waiter, third = await make_client(poll_interval=HANG * 10), await make_client(
+        poll_interval=HANG * 10
+    )
+    listener = backend_of(waiter).listener
+    key = backend_of(waiter).key("bg")
+    gate = asyncio.Event()
+    real = listener._leave_line
+
+    async def held_up(session: asyncpg.Connection, key: int, called: bool) -> None:
+        await gate.wait()
+        await real(session, key, called)
+
+    monkeypatch.setattr(listener, "_leave_line", held_up)
+    first = holder.lock("bg")
+    await first.acquire()
+    got, done = asyncio.Event(), asyncio.Event()
+
+    async def take(client: aiodlock.Client, entered: asyncio.Event) -> None:
+        async with client.lock("bg", timeout=HANG):
+            entered.set()
+            await done.wait()
+
+    taking = asyncio.create_task(take(waiter, got))
+    await eventually(lambda: listener.listening_for(key), what="the waiter in line")
+    await first.release()
+    await asyncio.wait_for(got.wait(), HANG)  # (taken while its leave is held up)
+    assert await line(conn, waiter, key) == [listener.pid]
+    third_got = asyncio.Event()
+    next_one = asyncio.create_task(take(third, third_got))
+    await eventually(
+        lambda: backend_of(third).listener.listening_for(key), what="the third client in line"
+    )
+    done.set()
+    await asyncio.sleep(0.2)
+    assert not taking.done()  # (its release waits for the leave)
+    assert not third_got.is_set()
+    gate.set()
+    await asyncio.wait_for(taking, HANG)
+    await asyncio.wait_for(third_got.wait(), HANG)  # (called by that release)
+    assert listener.heard == 1  # (its own release did not call it)
+    await asyncio.wait_for(next_one, HANG)
