@@ -143,15 +143,18 @@ class LockTableBackend(PollingBackend):
                     lambda: self.table.attempt(name, owner, ttl),
                 )
         if isinstance(outcome, Behind):
-            # The name is free for the first in line: if it waits here, a release woke this
-            # owner instead; pass the wake-up on to it.
-            board = self.board
-            if board is not None:
-                board.wake_tagged(self.board_key(name), outcome.head)
+            await self._pass_on(name, outcome.head)
             return Busy()
         if isinstance(outcome, Busy):
             return outcome
         return Grant(name, owner, outcome.token, started + request.ttl)
+
+    async def _pass_on(self, name: str, head: str) -> bool:
+        """The name is free for ``head``, the first in line, but this attempt was made instead
+        (a release woke this owner, or none): wake ``head`` if it waits here.  Did it?  (A
+        backend whose releases call waiters in other processes calls it there too.)"""
+        board = self.board
+        return board is not None and board.wake_tagged(self.board_key(name), head)
 
     async def renew(self, grants: Sequence[Grant], ttl: float) -> list[float | None]:
         if not grants:

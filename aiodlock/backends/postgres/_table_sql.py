@@ -64,23 +64,24 @@ class AnnouncingTable(LockTable):
         key = sql.lock_key(self.namespace, name)
         return (key, self.channel, self.namespace, self.key(name))
 
-    def _announce(self, name: str) -> Script[None]:
+    def announce(self, name: str) -> Script[None]:
+        """NOTIFY the client whose waiter may take ``name`` now (see :func:`call_next`)."""
         yield Fetch(self._call_next, self.call(name))
 
     def release(self, name: str, owner: str, token: int) -> Script[bool]:
         released = yield from super().release(name, owner, token)
-        yield from self._announce(name)  # (even if the row had expired: the name is free)
+        yield from self.announce(name)  # (even if the row had expired: the name is free)
         return released
 
     def abandon(self, name: str, owner: str) -> Script[bool]:
         freed = yield from super().abandon(name, owner)
         if freed:  # (a row, or a place in line that may have kept the next one waiting)
-            yield from self._announce(name)
+            yield from self.announce(name)
         return freed
 
     def force_release(self, name: str) -> Script[bool]:
         released = yield from super().force_release(name)
-        yield from self._announce(name)
+        yield from self.announce(name)
         return released
 
 

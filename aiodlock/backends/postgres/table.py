@@ -206,6 +206,16 @@ class PostgresTableBackend(LockTableBackend):
                 return Busy(poll)
         return outcome
 
+    async def _pass_on(self, name: str, head: str) -> bool:
+        if await super()._pass_on(name, head):
+            return True
+        # The call went to this client, not to the head's: a row of the line committed after
+        # the release read it (ids are handed out in one order, rows committed in another).
+        # Call the head now, or it would wait for its poll.
+        table = self.table
+        await self._call("call the first in line", lambda: table.announce(name), write=False)
+        return True
+
     async def abandon(self, request: Request) -> None:
         if not _storable(request.owner):
             return  # (nothing of it was ever stored)

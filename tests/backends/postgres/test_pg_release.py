@@ -51,6 +51,8 @@ async def _take_after_waiting(
     await client.lock(name).acquire(timeout=HANG)
     await releasing
     assert backend_of(client)._held[key].data.contended
+    # (its place in line goes in the background: gone before the test goes on)
+    await eventually(lambda: _line_is(conn, client, key, 0), what="the line left")
     return client
 
 
@@ -163,8 +165,9 @@ async def test_a_granted_waiter_leaves_its_line_off_the_hand_off_path(
     that its call reaches the next client in line (no poll within the test) and not itself."""
     conn = await raw()
     holder = await make_client()
-    waiter, third = await make_client(poll_interval=HANG * 10), await make_client(
-        poll_interval=HANG * 10
+    waiter, third = (
+        await make_client(poll_interval=HANG * 10),
+        await make_client(poll_interval=HANG * 10),
     )
     listener = backend_of(waiter).listener
     key = backend_of(waiter).key("bg")

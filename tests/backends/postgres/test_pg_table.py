@@ -260,6 +260,42 @@ async def _take_fair(client: aiodlock.Client, name: str) -> None:
         pass
 
 
+async def test_a_call_that_missed_the_first_in_line_is_passed_on_to_it(
+    make_client: ClientFactory, raw: RawFactory, namespace: str
+) -> None:
+    """A release read the line before the first in line's LISTEN row committed (rows commit
+    in another order than their ids), so it called nobody, or a client behind.  The next
+    attempt of a waiter behind finds the name kept for the first in line, and calls its
+    client, which takes the name at once (no poll within the test)."""
+    conn = await raw()
+    holder = await make_client()
+    first, second = [await make_client(poll_interval=HANG * 10) for _ in range(2)]
+    await holder.lock("missed").acquire()
+    key = table_of(holder).key("missed")
+    taking = asyncio.create_task(_take_fair(first, "missed"))
+    await eventually(lambda: _count(line(conn, namespace), 1), what="the first in line")
+    behind = asyncio.create_task(_take_fair(second, "missed"))
+    await eventually(lambda: _count(line(conn, namespace), 2), what="the second in line")
+    await eventually(lambda: _count(listeners(conn, key), 2), what="both listening")
+    pid = table_of(first).listener.pid
+    row = await conn.fetchrow(
+        "DELETE FROM aiodlock_listeners WHERE key = $1 AND pid = $2 RETURNING *", key, pid
+    )
+    await holder.lock("missed").release()  # (it finds no session of the first's client)
+    await conn.execute(
+        "INSERT INTO aiodlock_listeners (key, pid, since, client) VALUES ($1, $2, $3, $4)",
+        key,
+        pid,
+        row["since"],
+        row["client"],
+    )
+    assert not taking.done()
+    table_of(second).listener.board.wake_one(str(key))  # (its next attempt)
+    await asyncio.wait_for(taking, HANG)
+    await asyncio.wait_for(behind, HANG)  # (called by the first's release)
+    assert await line(conn, namespace) == []
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.02])
 async def test_cancellation_at_any_point_leaves_nothing_behind(
     make_client: ClientFactory, raw: RawFactory, namespace: str, delay: float
