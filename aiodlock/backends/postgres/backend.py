@@ -39,7 +39,8 @@ from ..._url import ParsedURL, take_str
 from ..._wakeup import Backoff
 from .._base import Backend
 from . import _statements as sql
-from ._connection import CLOSED, Holder, Listener
+from ._connection import CLOSED, Holder
+from ._listener import Listener
 from ._settings import CREATE_RACE, Settings
 
 __all__ = ["PostgresBackend"]

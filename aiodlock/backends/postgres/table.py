@@ -40,7 +40,8 @@ from ..._wakeup import Backoff, WakeupBoard
 from .._sql import Execute, Fetch, Script
 from .._sql_backend import LockTableBackend, MakeScript
 from . import _statements as sql
-from ._connection import CLOSED, Listener
+from ._connection import CLOSED
+from ._listener import Listener
 from ._pool import Pool, server_timeouts
 from ._settings import CREATE_RACE, Settings
 from ._table_sql import AnnouncingFastPath, AnnouncingTable

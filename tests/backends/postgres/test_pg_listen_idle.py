@@ -32,6 +32,10 @@ async def _alive(conn: asyncpg.Connection, pid: int) -> bool:
     return bool(found)
 
 
+async def _gone(conn: asyncpg.Connection, pid: int) -> bool:
+    return not await _alive(conn, pid)
+
+
 async def _hand_over(holder: aiodlock.Client, waiter: aiodlock.Client, name: str) -> int:
     """``holder`` takes ``name``, a task of ``waiter`` waits for it (no poll), the holder
     releases, the waiter takes it and releases; the pid of the waiter's LISTEN session."""
@@ -64,11 +68,7 @@ async def test_an_idle_listen_session_closes_and_the_next_wait_listens_again(
     first = await _hand_over(holder, waiter, "idle")
     assert await _alive(conn, first)
     await eventually(lambda: listener_of(waiter).conn is None, what="the session closed")
-
-    async def ended() -> bool:
-        return not await _alive(conn, first)
-
-    await eventually(ended, what="the session gone from the server")
+    await eventually(lambda: _gone(conn, first), what="the session gone from the server")
     # The next wait opens a new session, and the release wakes it.
     second = await _hand_over(holder, waiter, "idle")
     assert second != first
@@ -119,8 +119,4 @@ async def test_close_while_an_idle_close_is_due(
     assert time.monotonic() - started < HANG / 2
     assert listener.conn is None
     assert listener.closed
-
-    async def ended() -> bool:
-        return not await _alive(conn, pid)
-
-    await eventually(ended, what="the session gone from the server")
+    await eventually(lambda: _gone(conn, pid), what="the session gone from the server")
