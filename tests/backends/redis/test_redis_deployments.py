@@ -71,6 +71,7 @@ async def test_sentinel_with_sync_replicas(
     assert await a.status("sync") is None  # the unconfirmed grant was released again
 
 
+@pytest.mark.slow
 async def test_a_sentinel_that_stops_answering_is_passed_over(
     sentinel_deployment: SentinelDeployment, make_client: ClientFactory
 ) -> None:
