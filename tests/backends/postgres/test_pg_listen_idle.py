@@ -55,6 +55,16 @@ async def _take(client: aiodlock.Client, name: str) -> None:
         assert not lease.lost
 
 
+async def _clients(
+    make_client: ClientFactory, strategy: str, listen_idle: float
+) -> tuple[aiodlock.Client, aiodlock.Client]:
+    """A holder, and a waiter whose LISTEN session closes after ``listen_idle`` seconds (and
+    that never polls within a test)."""
+    holder = await make_client(strategy=strategy)
+    waiter = await make_client(strategy=strategy, listen_idle=listen_idle, poll_interval=NO_POLL)
+    return holder, waiter
+
+
 def _key(client: aiodlock.Client, name: str) -> int:
     return client.backend.key(name)  # type: ignore[attr-defined, no-any-return]
 
@@ -63,8 +73,7 @@ async def test_an_idle_listen_session_closes_and_the_next_wait_listens_again(
     make_client: ClientFactory, raw: RawFactory, strategy: str
 ) -> None:
     conn = await raw()
-    holder = await make_client(strategy=strategy)
-    waiter = await make_client(strategy=strategy, listen_idle=0.3, poll_interval=NO_POLL)
+    holder, waiter = await _clients(make_client, strategy, 0.3)
     first = await _hand_over(holder, waiter, "idle")
     assert await _alive(conn, first)
     await eventually(lambda: listener_of(waiter).conn is None, what="the session closed")
@@ -78,8 +87,7 @@ async def test_a_session_with_a_waiter_stays_open(
     make_client: ClientFactory, raw: RawFactory, strategy: str
 ) -> None:
     conn = await raw()
-    holder = await make_client(strategy=strategy)
-    waiter = await make_client(strategy=strategy, listen_idle=0.05, poll_interval=NO_POLL)
+    holder, waiter = await _clients(make_client, strategy, 0.05)
     lock = holder.lock("kept")
     await lock.acquire()
     waiting = asyncio.create_task(_take(waiter, "kept"))
@@ -95,8 +103,7 @@ async def test_a_session_with_a_waiter_stays_open(
 async def test_waits_that_race_the_idle_close_are_all_woken(
     make_client: ClientFactory, strategy: str
 ) -> None:
-    holder = await make_client(strategy=strategy)
-    waiter = await make_client(strategy=strategy, listen_idle=0.002, poll_interval=NO_POLL)
+    holder, waiter = await _clients(make_client, strategy, 0.002)
     rng = random.Random(7)
     pids = set()
     for _ in range(25):
@@ -110,8 +117,7 @@ async def test_close_while_an_idle_close_is_due(
     make_client: ClientFactory, raw: RawFactory, strategy: str
 ) -> None:
     conn = await raw()
-    holder = await make_client(strategy=strategy)
-    waiter = await make_client(strategy=strategy, listen_idle=HANG)
+    holder, waiter = await _clients(make_client, strategy, HANG)
     pid = await _hand_over(holder, waiter, "closing")
     listener = listener_of(waiter)
     started = time.monotonic()
