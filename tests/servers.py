@@ -1018,6 +1018,43 @@ def etcdctl(endpoints: Sequence[str], *args: str, timeout: float = 10.0, check: 
     return result.stdout.strip()
 
 
+class _Template:
+    """A data directory made once per process by a program (``mariadb-install-db``,
+    ``initdb``: about a second), then copied for every server: ``datadir()``."""
+
+    def __init__(self, program: str, command: Callable[[Path], list[str]]) -> None:
+        self.program = program
+        self._command = command  # (given the new root, prepares it; the program's command)
+        self._lock = threading.Lock()
+        self._datadir: Path | None = None
+
+    def datadir(self) -> Path:
+        with self._lock:
+            if self._datadir is not None and self._datadir.is_dir():
+                return self._datadir
+            root = Path(tempfile.mkdtemp(prefix=f"aiodlock-{self.program}-template-"))
+            atexit.register(shutil.rmtree, root, True)
+            cmd = self._command(root)
+            log = root / "install.log"
+            with open(log, "wb") as out:
+                result = subprocess.run(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, timeout=120, check=False
+                )
+            if result.returncode != 0:
+                raise ServerError(f"{self.program} failed ({result.returncode})\n{_tail(log)}")
+            self._datadir = root / "data"
+            return self._datadir
+
+
+def _sql_rows(cmd: list[str], statement: str, timeout: float) -> list[tuple[str, ...]]:
+    """Run a database's command-line client; its tab-separated output as rows of strings.
+    Raises ServerError on an SQL error."""
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise ServerError(f"SQL failed: {statement!r}: {result.stderr.strip()}")
+    return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+
+
 # --------------------------------------------------------------------------------------------
 # MariaDB
 # --------------------------------------------------------------------------------------------
@@ -1027,8 +1064,6 @@ _MARIADB_INNODB_ARGS = (
     "--innodb-log-file-size=16M",
     "--innodb-flush-log-at-trx-commit=2",
 )
-_mariadb_template_lock = threading.Lock()
-_mariadb_template: Path | None = None
 
 
 def _user_args() -> list[str]:
@@ -1037,35 +1072,22 @@ def _user_args() -> list[str]:
     return []
 
 
-def _mariadb_template_datadir() -> Path:
-    """A datadir made by ``mariadb-install-db`` once per process (~0.9 s), copied per server."""
-    global _mariadb_template
-    with _mariadb_template_lock:
-        if _mariadb_template is not None and _mariadb_template.is_dir():
-            return _mariadb_template
-        root = Path(tempfile.mkdtemp(prefix="aiodlock-mariadb-template-"))
-        atexit.register(shutil.rmtree, root, True)
-        datadir = root / "data"
-        log = root / "install.log"
-        user = ["--user=root"] if os.geteuid() == 0 else [f"--user={_current_user()}"]
-        cmd = [
-            _need("mariadb-install-db"),
-            "--no-defaults",
-            f"--datadir={datadir}",
-            *user,
-            "--auth-root-authentication-method=normal",
-            "--skip-test-db",
-            "--skip-name-resolve",
-            *_MARIADB_INNODB_ARGS,
-        ]
-        with open(log, "wb") as out:
-            result = subprocess.run(
-                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, timeout=120, check=False
-            )
-        if result.returncode != 0:
-            raise ServerError(f"mariadb-install-db failed ({result.returncode})\n{_tail(log)}")
-        _mariadb_template = datadir
-        return datadir
+def _install_mariadb_datadir(root: Path) -> list[str]:
+    user = ["--user=root"] if os.geteuid() == 0 else [f"--user={_current_user()}"]
+    return [
+        _need("mariadb-install-db"),
+        "--no-defaults",
+        f"--datadir={root / 'data'}",
+        *user,
+        "--auth-root-authentication-method=normal",
+        "--skip-test-db",
+        "--skip-name-resolve",
+        *_MARIADB_INNODB_ARGS,
+    ]
+
+
+#: A datadir made by ``mariadb-install-db`` once per process (~0.9 s), copied per server.
+_mariadb_template = _Template("mariadb-install-db", _install_mariadb_datadir)
 
 
 def _current_user() -> str:
@@ -1106,7 +1128,7 @@ class MariaDBServer(Server):
 
     def _prepare(self) -> None:
         if not self.data_dir.exists():
-            shutil.copytree(_mariadb_template_datadir(), self.data_dir, symlinks=True)
+            shutil.copytree(_mariadb_template.datadir(), self.data_dir, symlinks=True)
 
     def _command(self) -> list[str]:
         return [
@@ -1164,12 +1186,7 @@ class MariaDBServer(Server):
             "-e",
             statement,
         ]
-        if db:
-            cmd.append(db)
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise ServerError(f"SQL failed: {statement!r}: {result.stderr.strip()}")
-        return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+        return _sql_rows(cmd + ([db] if db else []), statement, timeout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1180,8 +1197,6 @@ class MariaDBServer(Server):
 #: this system user (the Debian package creates it) through ``setpriv``, which execs (no
 #: intermediate process: the pid is the postmaster's), in directories that user owns.
 POSTGRES_OS_USER = "postgres"
-_postgres_template_lock = threading.Lock()
-_postgres_template: Path | None = None
 
 
 def _as_postgres_user() -> list[str]:
@@ -1207,40 +1222,27 @@ def _give_to_postgres_user(path: Path) -> None:
                 os.lchown(name, entry.pw_uid, entry.pw_gid)
 
 
-def _postgres_template_datadir() -> Path:
-    """A cluster made by ``initdb`` once per process (~1 s), copied per server."""
-    global _postgres_template
-    with _postgres_template_lock:
-        if _postgres_template is not None and _postgres_template.is_dir():
-            return _postgres_template
-        # (not under pytest's private tmp dir: the postgres user could not reach it)
-        root = Path(tempfile.mkdtemp(prefix="aiodlock-pg-template-"))
-        atexit.register(shutil.rmtree, root, True)
-        os.chmod(root, 0o755)
-        datadir = root / "data"
-        pwfile = root / "pw"
-        pwfile.write_text(PostgresServer.password + "\n")
-        _give_to_postgres_user(root)
-        cmd = [
-            *_as_postgres_user(),
-            _need("initdb"),
-            f"--pgdata={datadir}",
-            f"--username={PostgresServer.user}",
-            f"--pwfile={pwfile}",
-            "--auth-local=trust",  # the test helpers' psql on the Unix socket
-            "--auth-host=scram-sha-256",  # TCP needs the password: a wrong one is refused
-            "--encoding=UTF8",
-            "--no-sync",
-        ]
-        log = root / "initdb.log"
-        with open(log, "wb") as out:
-            result = subprocess.run(
-                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, timeout=120, check=False
-            )
-        if result.returncode != 0:
-            raise ServerError(f"initdb failed ({result.returncode})\n{_tail(log)}")
-        _postgres_template = datadir
-        return datadir
+def _init_postgres_datadir(root: Path) -> list[str]:
+    # (not under pytest's private tmp dir: the postgres user could not reach it)
+    os.chmod(root, 0o755)
+    pwfile = root / "pw"
+    pwfile.write_text(PostgresServer.password + "\n")
+    _give_to_postgres_user(root)
+    return [
+        *_as_postgres_user(),
+        _need("initdb"),
+        f"--pgdata={root / 'data'}",
+        f"--username={PostgresServer.user}",
+        f"--pwfile={pwfile}",
+        "--auth-local=trust",  # the test helpers' psql on the Unix socket
+        "--auth-host=scram-sha-256",  # TCP needs the password: a wrong one is refused
+        "--encoding=UTF8",
+        "--no-sync",
+    ]
+
+
+#: A cluster made by ``initdb`` once per process (~1 s), copied per server.
+_postgres_template = _Template("initdb", _init_postgres_datadir)
 
 
 class PostgresServer(Server):
@@ -1285,7 +1287,7 @@ class PostgresServer(Server):
     def _prepare(self) -> None:
         if not self.data_dir.exists():
             subprocess.run(
-                ["cp", "-a", str(_postgres_template_datadir()), str(self.data_dir)], check=True
+                ["cp", "-a", str(_postgres_template.datadir()), str(self.data_dir)], check=True
             )
             _give_to_postgres_user(self.home)
 
@@ -1384,10 +1386,7 @@ class PostgresServer(Server):
             "-h", str(self.socket_dir), "-p", str(self.port), "-U", self.user,
             "-d", self.database, "-c", statement,
         ]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise ServerError(f"SQL failed: {statement!r}: {result.stderr.strip()}")
-        return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+        return _sql_rows(cmd, statement, timeout)
 
 
 # --------------------------------------------------------------------------------------------
