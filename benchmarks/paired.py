@@ -15,10 +15,12 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
-__all__ = ["Slice", "paired_ratio", "run_paired", "timed"]
+__all__ = ["Slice", "paired_ratio", "progress_due", "rotations", "run_paired", "timed"]
+
+T = TypeVar("T")
 
 #: One loop: run cycles for about ``seconds``, return how many it did.
 Slice = Callable[[float], Awaitable[int]]
@@ -37,6 +39,21 @@ def timed(cycle: Callable[[], Awaitable[Any]]) -> Slice:
     return run
 
 
+def rotations(names: Sequence[T], rounds: int) -> Iterator[tuple[int, list[T]]]:
+    """``(turn, order)`` for each of ``rounds`` rounds: every name once, in an order turned
+    by one every round (no loop always runs first, or always after the same one).  Each round
+    starts with a ``gc.collect()``: no collection of the previous round's garbage inside it."""
+    for turn in range(rounds):
+        gc.collect()
+        k = turn % max(len(names), 1)
+        yield turn, [*names[k:], *names[:k]]
+
+
+def progress_due(turn: int, rounds: int) -> bool:
+    """Whether a progress line is due after round ``turn`` (four in a run, and the last)."""
+    return (turn + 1) % max(rounds // 4, 1) == 0 or turn + 1 == rounds
+
+
 async def run_paired(
     loops: Mapping[str, Slice],
     *,
@@ -49,14 +66,12 @@ async def run_paired(
     rates: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # (a first, unmeasured slice: connections, statement caches)
         await loops[name](min(seconds, 0.2))
-    for turn in range(rounds):
-        gc.collect()  # (no collection of the previous slice's garbage inside this round)
-        shift = turn % len(names)
-        for name in names[shift:] + names[:shift]:
+    for turn, order in rotations(names, rounds):
+        for name in order:
             started = time.perf_counter()
             n = await loops[name](seconds)
             rates[name].append(n / (time.perf_counter() - started))
-        if progress is not None and (turn + 1) % max(rounds // 4, 1) == 0:
+        if progress is not None and progress_due(turn, rounds):
             line = ", ".join(f"{n} {statistics.median(rates[n]):.0f}" for n in names)
             progress(f"after {turn + 1}/{rounds} rounds, median cycles/s: {line}")
     return rates

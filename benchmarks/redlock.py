@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import statistics
 import time
 import uuid
@@ -41,6 +40,7 @@ from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
+from .paired import progress_due, rotations
 from .runner import (
     RESULTS_DIR,
     _csv,
@@ -191,10 +191,8 @@ async def _interleaved_a(
     slices: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     latencies: dict[str, list[float]] = {name: [] for name in order}
     try:
-        for turn in range(rounds):
-            gc.collect()
-            k = turn % max(len(order), 1)
-            for name in order[k:] + order[:k]:
+        for turn, names in rotations(order, rounds):
+            for name in names:
                 if name in errors:
                     continue
                 cpu0 = time.process_time()
@@ -219,7 +217,7 @@ async def _interleaved_a(
                         "cpu": cpu,
                     }
                 )
-            if (turn + 1) % max(rounds // 4, 1) == 0:
+            if progress_due(turn, rounds):
                 line = ", ".join(
                     f"{n} {_rate(slices[n]):.0f}" for n in order if n not in errors and slices[n]
                 )

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from . import workloads
 from .adapters import ADAPTERS, DEFAULT_ADAPTERS, Adapter, versions
+from .paired import progress_due, rotations
 from .report import evaluate, markdown, ratio_lines
 from .server import log
 from .stats import summary_ms
@@ -245,12 +246,9 @@ class _Suite:
         latencies: dict[str, list[float]] = {name: [] for name in opened}
         monitor = await self._monitor()
         order = [c for c in classes if c.name in opened]
-        report_every = max(rounds // 4, 1)
         try:
-            for turn in range(rounds):
-                gc.collect()
-                k = turn % max(len(order), 1)
-                for cls in order[k:] + order[:k]:
+            for turn, classes_now in rotations(order, rounds):
+                for cls in classes_now:
                     if cls.name in errors:
                         continue
                     key = self.key(workload, cls.name, str(turn))
@@ -282,7 +280,7 @@ class _Suite:
                             "extra": {k: v for k, v in result.items() if k.startswith("per_")},
                         }
                     )
-                if (turn + 1) % report_every == 0 or turn + 1 == rounds:
+                if progress_due(turn, rounds):
                     line = ", ".join(
                         f"{c.name} {_rate(slices[c.name]):.0f}"
                         for c in order

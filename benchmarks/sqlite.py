@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import shutil
 import sqlite3
 import statistics
@@ -32,6 +31,7 @@ from typing import Any
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
+from .paired import rotations
 from .runner import (
     RESULTS_DIR,
     _csv,
@@ -151,11 +151,9 @@ async def _interleaved_a(
     ratios: list[float] = []
     names = list(opened)
     try:
-        for turn in range(rounds):
-            gc.collect()
-            k = turn % len(names)
+        for _, order in rotations(names, rounds):
             this_round: dict[str, float] = {}
-            for name in names[k:] + names[:k]:
+            for name in order:
                 row = await workloads.single(opened[name], f"{run_id}-A-{name}", seconds=seconds)
                 this_round[name] = row["cycles_per_s"]
                 rates[name].append(row["cycles_per_s"])
