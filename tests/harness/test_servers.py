@@ -381,34 +381,6 @@ def test_mariadb_answers(mariadb_server: MariaDBServer) -> None:
     assert result.stdout.strip() == "root@127.0.0.1"
 
 
-@pytest.mark.mysql
-def test_mariadb_pause_and_resume(mariadb_factory: Callable[..., MariaDBServer]) -> None:
-    server = mariadb_factory()
-    server.pause()
-    assert not server.ping(timeout=0.3)
-    server.resume()
-    assert server.ping()
-    assert server.sql("SELECT 1 + 1") == [("2",)]
-
-
-@pytest.mark.slow
-@pytest.mark.mysql
-def test_mariadb_kill_and_restart_keep_the_data(
-    mariadb_factory: Callable[..., MariaDBServer],
-) -> None:
-    server = mariadb_factory()
-    port = server.port
-    server.sql("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10)) ENGINE=InnoDB")
-    server.sql("INSERT INTO t VALUES (1, 'kept'), (2, NULL)")
-    server.kill()
-    assert not server.ping(timeout=0.2)
-    server.restart()
-    assert server.port == port
-    assert server.sql("SELECT id, v FROM t ORDER BY id") == [("1", "kept"), ("2", "NULL")]
-    server.restart(wipe=True)
-    assert server.sql("SHOW TABLES") == []  # fresh datadir, database created again
-
-
 # -- PostgreSQL ----------------------------------------------------------------------------------
 
 
@@ -433,11 +405,18 @@ def test_postgres_answers_and_wants_the_password_over_tcp(
     assert "password authentication failed" in bad.stderr
 
 
-@pytest.mark.postgres
-def test_postgres_pause_stops_every_backend(
-    postgres_factory: Callable[..., PostgresServer],
+#: The SQL servers' factories (pause, kill and restart are tested alike on both).
+SQL_SERVERS = [
+    pytest.param("mariadb_factory", marks=pytest.mark.mysql, id="mariadb"),
+    pytest.param("postgres_factory", marks=pytest.mark.postgres, id="postgres"),
+]
+
+
+@pytest.mark.parametrize("factory", SQL_SERVERS)
+def test_sql_server_pause_stops_every_process_and_resume(
+    factory: str, request: pytest.FixtureRequest
 ) -> None:
-    server = postgres_factory()
+    server: MariaDBServer | PostgresServer = request.getfixturevalue(factory)()
     server.pause()
     assert not server.ping(timeout=0.3)
     server.resume()
@@ -446,19 +425,22 @@ def test_postgres_pause_stops_every_backend(
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
-def test_postgres_kill_and_restart_keep_the_data(
-    postgres_factory: Callable[..., PostgresServer],
+@pytest.mark.parametrize("factory", SQL_SERVERS)
+def test_sql_server_kill_and_restart_keep_the_data(
+    factory: str, request: pytest.FixtureRequest
 ) -> None:
-    server = postgres_factory()
+    server: MariaDBServer | PostgresServer = request.getfixturevalue(factory)()
     port = server.port
-    server.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    server.sql("INSERT INTO t VALUES (1, 'kept')")
-    server.sql("CHECKPOINT")  # (fsync is off: make the data reach the files)
+    server.sql("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))")
+    server.sql("INSERT INTO t VALUES (1, 'kept'), (2, NULL)")
+    if isinstance(server, PostgresServer):
+        server.sql("CHECKPOINT")  # (fsync is off: make the data reach the files)
     server.kill()
     assert not server.ping(timeout=0.2)
     server.restart()
     assert server.port == port
-    assert server.sql("SELECT id, v FROM t") == [("1", "kept")]
-    server.restart(wipe=True)
-    assert server.sql("SELECT count(*) FROM pg_tables WHERE tablename = 't'") == [("0",)]
+    null = "NULL" if isinstance(server, MariaDBServer) else ""  # (how each client prints it)
+    assert server.sql("SELECT id, v FROM t ORDER BY id") == [("1", "kept"), ("2", null)]
+    server.restart(wipe=True)  # a fresh data directory (MariaDB's database created again)
+    tables = "SELECT count(*) FROM information_schema.tables WHERE table_name = 't'"
+    assert server.sql(tables) == [("0",)]
