@@ -35,18 +35,15 @@ import statistics
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
 from .paired import progress_due, rotations
 from .runner import (
-    RESULTS_DIR,
-    _csv,
+    SideBenchmark,
     _loadavg,
     save_run,
-    settle_side_args,
     side_report_head,
     side_rows,
     target_lines,
@@ -409,22 +406,15 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.redlock", description=__doc__)
-    p.add_argument("--name", default=None)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--adapters", type=_csv, default=list(ADAPTERS))
-    p.add_argument("--a-seconds", type=float, help="length of one A slice (0.1; quick 0.05)")
-    p.add_argument("--a-rounds", type=int, help="A rounds, one slice per adapter (60; quick 4)")
-    p.add_argument("--b-seconds", type=float, help="measured window of B (5.0; quick 0.5)")
-    p.add_argument("--b-settle", type=float, help="unmeasured start of B (0.5; quick 0.1)")
-    p.add_argument("--b-workers", type=int, default=8)
-    p.add_argument("--hold-ms", type=float, default=0.0, help="time inside the lock in B")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = p.parse_args(argv)
-    defaults: dict[str, Any] = {"a_seconds": 0.1, "a_rounds": 60, "b_seconds": 5.0, "b_settle": 0.5}
-    if args.quick:
-        defaults.update(a_seconds=0.05, a_rounds=4, b_seconds=0.5, b_settle=0.1)
-    return settle_side_args(p, args, defaults, ADAPTERS, "redlock")
+    cli = SideBenchmark(
+        "redlock",
+        __doc__,
+        ADAPTERS,
+        {"a_seconds": 0.1, "a_rounds": 60, "b_seconds": 5.0, "b_settle": 0.5},
+        {"a_seconds": 0.05, "a_rounds": 4, "b_seconds": 0.5, "b_settle": 0.1},
+    )
+    cli.parser.add_argument("--hold-ms", type=float, default=0.0, help="time inside the lock in B")
+    return cli.parse(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -759,25 +759,65 @@ def side_report_head(title: str, server_label: str, meta: dict[str, Any]) -> lis
     ]
 
 
-def settle_side_args(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    defaults: dict[str, Any],
-    adapters: Iterable[str],
-    stem: str,
-) -> argparse.Namespace:
-    """Fill a side benchmark's options left unset from ``defaults`` (the caller updates them
-    for ``--quick``), check the adapters asked for, and name the run ``stem`` (or
-    ``stem-quick``)."""
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    known = list(adapters)
-    unknown = [a for a in args.adapters if a not in known]
-    if unknown:
-        parser.error(f"unknown adapter(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    args.name = args.name or (f"{stem}-quick" if args.quick else stem)
-    return args
+#: The options of the side benchmarks that take their defaults from the module (each one that
+#: the module's ``defaults`` name) and their help (``{}``: the defaults, plain and quick).
+_SIDE_OPTIONS: dict[str, tuple[type, str]] = {
+    "a_seconds": (float, "length of one A slice ({})"),
+    "a_rounds": (int, "A rounds, one slice per adapter ({})"),
+    "b_seconds": (float, "measured window of B ({})"),
+    "b_settle": (float, "unmeasured start of B ({})"),
+}
+
+
+class SideBenchmark:
+    """The command line of a side benchmark (``python -m benchmarks.<stem>``): the options
+    they all have, a module's own added to :attr:`parser`, and :meth:`parse` fills what was
+    left unset from ``defaults`` (updated by ``quick`` under ``--quick``)."""
+
+    def __init__(
+        self,
+        stem: str,
+        doc: str | None,
+        adapters: Iterable[str],
+        defaults: dict[str, Any],
+        quick: dict[str, Any],
+    ) -> None:
+        self.stem, self.adapters = stem, list(adapters)
+        self.defaults, self.quick = defaults, quick
+        p = argparse.ArgumentParser(prog=f"python -m benchmarks.{stem}", description=doc)
+        p.add_argument("--name", default=None)
+        p.add_argument("--quick", action="store_true")
+        p.add_argument("--adapters", type=_csv, default=self.adapters)
+        for key, (kind, text) in _SIDE_OPTIONS.items():
+            if key in defaults:
+                option, shown = f"--{key.replace('_', '-')}", self.shown(key)
+                p.add_argument(option, type=kind, help=text.format(shown))
+        p.add_argument("--b-workers", type=int, default=8)
+        p.add_argument("--out", type=Path, default=RESULTS_DIR)
+        self.parser = p
+
+    def shown(self, key: str) -> str:
+        """``key``'s defaults as a help text shows them: ``"0.2; quick 0.1"``."""
+
+        def text(value: Any) -> str:
+            return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+        plain = self.defaults[key]
+        return f"{text(plain)}; quick {text(self.quick.get(key, plain))}"
+
+    def parse(self, argv: list[str] | None) -> argparse.Namespace:
+        """The options; the adapters asked for are checked and the run named ``stem`` (or
+        ``stem-quick``)."""
+        args = self.parser.parse_args(argv)
+        for key, value in {**self.defaults, **(self.quick if args.quick else {})}.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        unknown = [a for a in args.adapters if a not in self.adapters]
+        if unknown:
+            known = ", ".join(self.adapters)
+            self.parser.error(f"unknown adapter(s) {', '.join(unknown)}; known: {known}")
+        args.name = args.name or (f"{self.stem}-quick" if args.quick else self.stem)
+        return args
 
 
 def side_rows(

@@ -33,11 +33,9 @@ from . import workloads
 from .adapters import Adapter, AiodlockAdapter
 from .paired import rotations
 from .runner import (
-    RESULTS_DIR,
-    _csv,
+    SideBenchmark,
     _loadavg,
     save_run,
-    settle_side_args,
     side_report_head,
     side_rows,
 )
@@ -229,21 +227,14 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sqlite", description=__doc__)
-    p.add_argument("--name", default=None)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--adapters", type=_csv, default=list(ADAPTERS))
-    p.add_argument("--a-seconds", type=float, help="length of one A slice (0.2; quick 0.1)")
-    p.add_argument("--a-rounds", type=int, help="A rounds, one slice per adapter (15; quick 3)")
-    p.add_argument("--b-seconds", type=float, help="measured window of B (3.0; quick 0.5)")
-    p.add_argument("--b-settle", type=float, help="unmeasured start of B (0.5; quick 0.1)")
-    p.add_argument("--b-workers", type=int, default=8)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = p.parse_args(argv)
-    defaults: dict[str, Any] = {"a_seconds": 0.2, "a_rounds": 15, "b_seconds": 3.0, "b_settle": 0.5}
-    if args.quick:
-        defaults.update(a_seconds=0.1, a_rounds=3, b_seconds=0.5, b_settle=0.1)
-    return settle_side_args(p, args, defaults, ADAPTERS, "sqlite")
+    cli = SideBenchmark(
+        "sqlite",
+        __doc__,
+        ADAPTERS,
+        {"a_seconds": 0.2, "a_rounds": 15, "b_seconds": 3.0, "b_settle": 0.5},
+        {"a_seconds": 0.1, "a_rounds": 3, "b_seconds": 0.5, "b_settle": 0.1},
+    )
+    return cli.parse(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

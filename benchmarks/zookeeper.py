@@ -33,11 +33,10 @@ from typing import Any, ClassVar
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
 from .runner import (
-    RESULTS_DIR,
+    SideBenchmark,
     _csv,
     _loadavg,
     save_run,
-    settle_side_args,
     side_report_head,
     side_rows,
     target_lines,
@@ -616,37 +615,32 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.zookeeper", description=__doc__)
-    p.add_argument("--name", default=None)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--adapters", type=_csv, default=list(ADAPTERS))
-    p.add_argument("--force-sync", choices=("yes", "no"), default="yes")
-    p.add_argument("--a-seconds", type=float, help="length of one A slice (0.2; quick 0.3)")
-    p.add_argument(
-        "--a-rounds", type=int, help="A rounds (one slice per adapter each; 60; quick 1)"
+    cli = SideBenchmark(
+        "zookeeper",
+        __doc__,
+        ADAPTERS,
+        {
+            "a_seconds": 0.2,
+            "a_rounds": 60,
+            "b_seconds": 5.0,
+            "waiters": [1, 10, 100],
+            "releases": 300,
+        },
+        {"a_seconds": 0.3, "a_rounds": 1, "b_seconds": 0.5, "waiters": [1, 4], "releases": 30},
     )
-    p.add_argument("--b-seconds", type=float, help="length of B (5.0; quick 0.5)")
-    p.add_argument("--b-workers", type=int, default=8)
+    p = cli.parser
+    p.add_argument("--force-sync", choices=("yes", "no"), default="yes")
     p.add_argument("--hold-ms", type=float, default=0.0, help="time inside the lock in B")
     p.add_argument(
         "--waiters",
         type=lambda s: [int(x) for x in _csv(s)],
-        help="waiting clients in the wake-up workload (1,10,100; quick 1,4)",
+        help=f"waiting clients in the wake-up workload ({cli.shown('waiters')})",
     )
-    p.add_argument("--releases", type=int, help="releases measured per N (300; quick 30)")
+    p.add_argument(
+        "--releases", type=int, help=f"releases measured per N ({cli.shown('releases')})"
+    )
     p.add_argument("--wake-hold-ms", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = p.parse_args(argv)
-    defaults: dict[str, Any] = {
-        "a_seconds": 0.2,
-        "a_rounds": 60,
-        "b_seconds": 5.0,
-        "waiters": [1, 10, 100],
-        "releases": 300,
-    }
-    if args.quick:
-        defaults.update(a_seconds=0.3, a_rounds=1, b_seconds=0.5, waiters=[1, 4], releases=30)
-    return settle_side_args(p, args, defaults, ADAPTERS, "zookeeper")
+    return cli.parse(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
