@@ -1046,6 +1046,29 @@ class _Template:
             return self._datadir
 
 
+class _SQLServer(Server):
+    """A database server: the tests' database on it (``default_database`` unless given) and
+    extra command-line arguments."""
+
+    default_database: ClassVar[str]
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        port: int | None = None,
+        *,
+        database: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(base_dir, port)
+        self.database = database or self.default_database
+        self.extra_args = list(extra_args)
+        self._place_files()
+
+    def _place_files(self) -> None:
+        """Where the server's own files go (its socket, its data), set once."""
+
+
 def _sql_rows(cmd: list[str], statement: str, timeout: float) -> list[tuple[str, ...]]:
     """Run a database's command-line client; its tab-separated output as rows of strings.
     Raises ServerError on an SQL error."""
@@ -1094,7 +1117,7 @@ def _current_user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-class MariaDBServer(Server):
+class MariaDBServer(_SQLServer):
     """``mariadbd`` on a fresh datadir; root without password on TCP and on its Unix socket.
 
     The database ``aiodlock_test`` is created after every start (``CREATE ... IF NOT EXISTS``).
@@ -1105,17 +1128,9 @@ class MariaDBServer(Server):
     user = "root"
     password = ""
 
-    def __init__(
-        self,
-        base_dir: str | os.PathLike[str],
-        port: int | None = None,
-        *,
-        database: str = "aiodlock_test",
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        super().__init__(base_dir, port)
-        self.database = database
-        self.extra_args = list(extra_args)
+    default_database = "aiodlock_test"
+
+    def _place_files(self) -> None:
         socket_dir = _short_dir(self.workdir, "mysqld.sock", "adl-mariadb-")
         if socket_dir != self.workdir:
             self._extra_cleanup.append(socket_dir)
@@ -1245,7 +1260,7 @@ def _init_postgres_datadir(root: Path) -> list[str]:
 _postgres_template = _Template("initdb", _init_postgres_datadir)
 
 
-class PostgresServer(Server):
+class PostgresServer(_SQLServer):
     """``postgres`` on a copy of a fresh cluster, on a loopback port, with its Unix socket in a
     private directory (never the machine's own service on 5432).  TCP connections need the
     password (scram-sha-256), the Unix socket trusts.  As root, the server runs as the
@@ -1258,17 +1273,9 @@ class PostgresServer(Server):
     user = "postgres"
     password = "aiodlock-test-pw"
 
-    def __init__(
-        self,
-        base_dir: str | os.PathLike[str],
-        port: int | None = None,
-        *,
-        database: str = "postgres",
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        super().__init__(base_dir, port)
-        self.database = database
-        self.extra_args = list(extra_args)
+    default_database = "postgres"
+
+    def _place_files(self) -> None:
         # The data and the socket in a short directory the server's user can reach.
         self.home = Path(tempfile.mkdtemp(prefix="adl-pg-"))
         os.chmod(self.home, 0o755)
