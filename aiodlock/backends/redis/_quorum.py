@@ -15,8 +15,9 @@ from typing import Any, Final
 from ..._errors import BackendTimeout, describe
 from ..._types import monotonic
 from ..._wakeup import Timer
+from ._pubsub import PubSubHub
 from ._scripts import memo
-from ._wire import Link, OnReply, PubSubHub, ScriptCall, wire_error
+from ._wire import Link, OnReply, ScriptCall, wire_error
 
 #: A node's answer in a fan-out: the decoded reply, or a :class:`BackendError` (a
 #: :class:`BackendTimeout` when it did not answer in time).

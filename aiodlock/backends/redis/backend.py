@@ -16,6 +16,7 @@ from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
 from ._deployments import Links, ServerLinks, Settings, connect_deployment, parse_settings
+from ._pubsub import Listening, PubSubHub
 from ._scripts import (
     ABANDON,
     ACQUIRE,
@@ -32,8 +33,6 @@ from ._scripts import (
 from ._wire import (
     CallTemplate,
     Link,
-    Listening,
-    PubSubHub,
     ReplyError,
     ScriptCall,
     pack,

@@ -23,9 +23,10 @@ from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
+from ._pubsub import Listening, PubSubHub
 from ._quorum import Gather, Node, Outcome, Quorum, Votes, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
-from ._wire import Address, Link, Listening, OnReply, PubSubHub, ScriptCall, hello, pack
+from ._wire import Address, Link, OnReply, ScriptCall, hello, pack
 from .backend import KeyedBackend, ms
 
 if TYPE_CHECKING:
