@@ -15,7 +15,7 @@ from ..._shield import finish
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
 from .._base import Backend
-from ._deployments import Links, ServerLinks, Settings, connect_deployment, parse_settings
+from ._deployments import Links, ServerLinks, connect_deployment
 from ._pubsub import Listening, PubSubHub
 from ._scripts import (
     ABANDON,
@@ -30,6 +30,7 @@ from ._scripts import (
     key_table,
     memo,
 )
+from ._settings import Settings, parse_settings
 from ._wire import (
     CallTemplate,
     Link,

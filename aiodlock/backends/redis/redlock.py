@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from ..._errors import BackendError, describe
 from ..._types import Busy, Capability, Grant, LockStatus, Request, monotonic
 from ..._wakeup import Backoff, WakeupBoard
-from ._deployments import RedlockSettings, parse_redlock_settings, ssl_context_factory
 from ._pubsub import Listening, PubSubHub
 from ._quorum import Gather, Node, Outcome, Quorum, Votes, answered
 from ._scripts import RAISE_COUNTER, REDLOCK_SCRIPTS, REJOIN, RENEW, LockKeys
+from ._settings import RedlockSettings, parse_redlock_settings, ssl_context_factory
 from ._wire import Address, Link, OnReply, ScriptCall, hello, pack
 from .backend import KeyedBackend, ms
 
