@@ -37,7 +37,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .runner import RESULTS_DIR, _loadavg, save_run, side_report_head
 from .server import (
     ROOT,
     etcd_server,
@@ -48,6 +47,7 @@ from .server import (
     temporary_server,
     zookeeper_server,
 )
+from .side import RESULTS_DIR, loadavg, save_run, side_report_head
 from .stats import summary_ms
 
 __all__ = ["BACKENDS", "TARGET", "analyse", "main", "run"]
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"error": repr(exc)}), flush=True)
             return 1
         return 0
-    loadavg_before = _loadavg()
+    loadavg_before = loadavg()
     log(f"cross-process: {args.backend}, {args.processes} x {args.tasks} tasks")
     res = run(args)
     if not args.save:

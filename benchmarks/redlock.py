@@ -40,15 +40,8 @@ from typing import Any
 from . import adapters, workloads
 from .adapters import Adapter, AiodlockAdapter
 from .paired import progress_due, rotations
-from .runner import (
-    SideBenchmark,
-    _loadavg,
-    save_run,
-    side_report_head,
-    side_rows,
-    target_lines,
-)
 from .server import log, redis_masters
+from .side import SideBenchmark, loadavg, save_run, side_report_head, side_rows, target_lines
 
 __all__ = ["ADAPTERS", "SequentialRedlock", "main"]
 
@@ -422,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     with redis_masters(NODES) as group:
         url = "redlock://" + group.hosts
         log(f"{NODES} redis masters: {group.hosts}")
-        loadavg_before = _loadavg()
+        loadavg_before = loadavg()
         results = asyncio.run(run(args, url))
         version = group[0].cli("INFO", "server").splitlines()
     found = [x.split(":", 1)[1] for x in version if x.startswith("redis_version")]

@@ -32,14 +32,8 @@ from typing import Any
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
 from .paired import rotations
-from .runner import (
-    SideBenchmark,
-    _loadavg,
-    save_run,
-    side_report_head,
-    side_rows,
-)
 from .server import log
+from .side import SideBenchmark, loadavg, save_run, side_report_head, side_rows
 
 __all__ = ["ADAPTERS", "main"]
 
@@ -241,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="aiodlock-bench-sqlite-")
     try:
-        loadavg_before = _loadavg()
+        loadavg_before = loadavg()
         results = asyncio.run(run(args, f"sqlite:///{tmp}/locks.db"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

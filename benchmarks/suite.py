@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from . import suite_report
-from .runner import RESULTS_DIR, _csv, _git, _loadavg, _machine
 from .server import ROOT
+from .side import RESULTS_DIR, csv_list, git_state, loadavg, machine
 
 __all__ = ["BACKENDS", "E_BACKENDS", "Step", "main", "parse_args", "steps"]
 
@@ -170,9 +170,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "name": args.name,
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "command": " ".join(["python -m benchmarks.suite", *map(shlex.quote, args.argv)]),
-            "machine": _machine(),
-            "loadavg_before": _loadavg(),
-            "git": _git(),
+            "machine": machine(),
+            "loadavg_before": loadavg(),
+            "git": git_state(),
             "quick": args.quick,
         },
         "steps": [],
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             progress.advance(overall)
         progress.update(current, visible=False)
     doc["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
-    doc["meta"]["loadavg_after"] = _loadavg()
+    doc["meta"]["loadavg_after"] = loadavg()
     return doc
 
 
@@ -233,7 +233,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run (numbers are noise)")
-    p.add_argument("--backends", type=_csv, default=list(BACKENDS),
+    p.add_argument("--backends", type=csv_list, default=list(BACKENDS),
                    help=f"comma-separated, from {','.join(BACKENDS)} (default: all)")  # fmt: skip
     p.add_argument("--acquisitions", type=int, help="E: per task (100; quick 25)")
     p.add_argument("--timeout", type=float, help="seconds before a step is killed (300; quick 90)")

@@ -32,16 +32,16 @@ from typing import Any, ClassVar
 
 from . import workloads
 from .adapters import Adapter, AiodlockAdapter
-from .runner import (
+from .server import log, zookeeper_server
+from .side import (
     SideBenchmark,
-    _csv,
-    _loadavg,
+    csv_list,
+    loadavg,
     save_run,
     side_report_head,
     side_rows,
     target_lines,
 )
-from .server import log, zookeeper_server
 
 __all__ = ["ADAPTERS", "main"]
 
@@ -633,7 +633,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hold-ms", type=float, default=0.0, help="time inside the lock in B")
     p.add_argument(
         "--waiters",
-        type=lambda s: [int(x) for x in _csv(s)],
+        type=lambda s: [int(x) for x in csv_list(s)],
         help=f"waiting clients in the wake-up workload ({cli.shown('waiters')})",
     )
     p.add_argument(
@@ -648,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     force_sync = args.force_sync == "yes"
     with zookeeper_server(force_sync) as server:
         log(f"zookeeper {server.address} (pid {server.pid}), fresh, forceSync={args.force_sync}")
-        loadavg_before = _loadavg()
+        loadavg_before = loadavg()
         results = asyncio.run(run(args, server.url, server.address, server.pid))
         version = server.four_letter("srvr").splitlines()[0]
     text = save_run(
