@@ -84,14 +84,20 @@ async def main() -> None:
     async with aiodlock.connect(**options) as client:
         leading = asyncio.current_task()
         assert leading is not None
+
+        def stop() -> None:
+            # (said before the work is cancelled: the next leader may start as soon as the
+            # `async with`s have released the lock, and closed the client)
+            log.info("stopped")
+            leading.cancel()
+
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, leading.cancel)  # step down like on Ctrl-C
-        try:
+        for signum in (signal.SIGTERM, signal.SIGINT):  # step down on either, or Ctrl-C
+            loop.add_signal_handler(signum, stop)
+        with contextlib.suppress(asyncio.CancelledError):
             await lead(client, args.name, args.tick)
-        except asyncio.CancelledError:
-            log.info("stopped")  # the `async with`s release the lock and close the client
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):  # (Ctrl-C: "stopped", like SIGTERM)
+    with contextlib.suppress(KeyboardInterrupt):  # (a Ctrl-C before the handlers are set)
         asyncio.run(main())
