@@ -64,24 +64,18 @@ def machine() -> str:
 
 
 def git_state() -> str:
+    """The checkout's commit, and whether aiodlock/ has uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=False
+        )
+        return run.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "aiodlock"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "aiodlock")
     except (OSError, subprocess.SubprocessError):
         return "n/a"
     return f"{head}{' + uncommitted changes in aiodlock/' if dirty else ''}" if head else "n/a"
