@@ -1689,6 +1689,24 @@ class SentinelDeployment:
                     return int(lines[1])
         raise ServerError("no sentinel answered")
 
+    def describe(self) -> str:
+        """What each member says now (for a failure's message): the data servers' roles,
+        where each sentinel says the master is."""
+        lines = []
+        for name, server in (("master", self.master), ("replica", self.replica)):
+            if server is None:
+                continue
+            role = "not running"
+            if server.running:
+                info = server.cli("INFO", "replication", check=False)
+                role = next((x for x in info.splitlines() if x.startswith("role:")), info[:80])
+            lines.append(f"{name} (as started) {server.port}: {role.strip()}")
+        ask = ("SENTINEL", "get-master-addr-by-name", self.service)
+        for sentinel in self.sentinels:
+            said = sentinel.cli(*ask, check=False) if sentinel.running else "not running"
+            lines.append(f"sentinel {sentinel.port}: names {' '.join(said.split()) or '?'}")
+        return "\n".join(lines)
+
     @staticmethod
     def wait_replica_online(master: RedisServer, replica: RedisServer, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
